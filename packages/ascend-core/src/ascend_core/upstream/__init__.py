@@ -1,0 +1,44 @@
+"""The one module that knows how vLLM releases differ.
+
+Everything else in the plugin asks this package: probes computed once per process (`capabilities()`), the lane,
+and small adapters for each known difference. Nothing outside it compares version strings.
+"""
+
+from ascend_core.upstream.errors import SUPPORTED_RANGE, UpstreamContractError
+from ascend_core.upstream.kv_tensor import kv_tensor_cls, kv_tensor_geometry, kv_tensor_layers, make_kv_tensor
+from ascend_core.upstream.lane import Capabilities, Lane, capabilities, detect_capabilities
+from ascend_core.upstream.mla import mla_ratio, mla_ratio_field, mla_ratio_kwargs
+from ascend_core.upstream.probes import ProbeResult, default_loader, run_probes
+from ascend_core.upstream.speculator import (
+    DP_ARG_NAMES,
+    pop_speculator_dp,
+    speculator_dp_arg,
+    speculator_dp_kwargs,
+)
+from ascend_core.upstream.version import installed_vllm_version, public_version, vllm_version_is
+
+__all__ = [
+    "DP_ARG_NAMES",
+    "SUPPORTED_RANGE",
+    "Capabilities",
+    "Lane",
+    "ProbeResult",
+    "UpstreamContractError",
+    "capabilities",
+    "default_loader",
+    "detect_capabilities",
+    "installed_vllm_version",
+    "kv_tensor_cls",
+    "kv_tensor_geometry",
+    "kv_tensor_layers",
+    "make_kv_tensor",
+    "mla_ratio",
+    "mla_ratio_field",
+    "mla_ratio_kwargs",
+    "pop_speculator_dp",
+    "public_version",
+    "run_probes",
+    "speculator_dp_arg",
+    "speculator_dp_kwargs",
+    "vllm_version_is",
+]

@@ -1,0 +1,1 @@
+"""Subcommands of `ascend-vllm`, one module each (see ascend_vllm.cli)."""
