@@ -1,0 +1,98 @@
+"""A tiny random Llama checkpoint built on the spot, so tests and demos run a real vLLM engine offline.
+
+The weights use a large initializer range so each step's output distribution is peaked: greedy choices are then
+decided by the model, not by float rounding, and two attention kernels agree token for token.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class TinyModelSpec:
+    hidden_size: int = 64
+    num_layers: int = 2
+    num_heads: int = 2
+    num_kv_heads: int = 2
+    head_dim: int = 32
+    intermediate_size: int = 128
+    vocab_size: int = 1000
+    max_position_embeddings: int = 2048
+    initializer_range: float = 1.0
+    seed: int = 0
+
+    def key(self) -> str:
+        return hashlib.sha256(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()[:12]
+
+
+def default_cache_dir() -> Path:
+    root = os.environ.get("ASCEND_VLLM_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "ascend-vllm")
+    return Path(root) / "models"
+
+
+def _word(i: int) -> str:
+    return f"w{i}"
+
+
+def build_tiny_llama(path: str | os.PathLike, spec: TinyModelSpec = TinyModelSpec()) -> Path:
+    """Write a `LlamaForCausalLM` with random weights and a WordLevel tokenizer (`w0 … wN`) to `path`."""
+    import torch
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    specials = ["<unk>", "<s>", "</s>"]
+    vocab = {tok: i for i, tok in enumerate(specials)}
+    for i in range(spec.vocab_size - len(specials)):
+        vocab[_word(i)] = len(vocab)
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token="<s>", eos_token="</s>")
+    fast.save_pretrained(path)
+
+    config = LlamaConfig(
+        vocab_size=spec.vocab_size,
+        hidden_size=spec.hidden_size,
+        intermediate_size=spec.intermediate_size,
+        num_hidden_layers=spec.num_layers,
+        num_attention_heads=spec.num_heads,
+        num_key_value_heads=spec.num_kv_heads,
+        head_dim=spec.head_dim,
+        max_position_embeddings=spec.max_position_embeddings,
+        initializer_range=spec.initializer_range,
+        bos_token_id=1,
+        eos_token_id=2,
+        tie_word_embeddings=False,
+        torch_dtype="float32",
+    )
+    torch.manual_seed(spec.seed)
+    model = LlamaForCausalLM(config)
+    model.save_pretrained(path, safe_serialization=True)
+    return path
+
+
+def cached_tiny_llama(spec: TinyModelSpec = TinyModelSpec(), cache_dir: str | os.PathLike | None = None) -> Path:
+    """The tiny model for `spec`, built once into the cache and reused (the folder name carries the spec's hash)."""
+    folder = Path(cache_dir or default_cache_dir()) / f"tiny-llama-{spec.key()}"
+    if (folder / "config.json").exists() and (folder / "model.safetensors").exists():
+        return folder
+    tmp = folder.with_name(folder.name + f".tmp{os.getpid()}")
+    build_tiny_llama(tmp, spec)
+    try:
+        tmp.rename(folder)
+    except OSError:  # another process won the race; its copy is as good as ours
+        import shutil
+
+        shutil.rmtree(tmp, ignore_errors=True)
+    return folder
+
+
+def prompt_of_length(n: int, offset: int = 0, vocab_size: int = 1000) -> str:
+    """A prompt that tokenizes to exactly `n` tokens (no BOS is added by this tokenizer)."""
+    return " ".join(_word((offset + 7 * i) % (vocab_size - 3)) for i in range(n))
