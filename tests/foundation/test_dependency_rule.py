@@ -27,8 +27,8 @@ def test_our_packages_keep_the_dependency_rule():
 
 
 def _plant_tree(tmp: Path, importer: str, imported: str) -> None:
-    names = ["ascend_vllm", "ascend_platform", "ascend_kv_transfer", "ascend_specdecode", "ascend_core", "ascend_kernels"]
-    for name in names:
+    for name in ("ascend_vllm", "ascend_platform", "ascend_kv_transfer", "ascend_specdecode", "ascend_core",
+                 "ascend_kernels"):
         (tmp / name).mkdir()
         (tmp / name / "__init__.py").write_text("")
     (tmp / importer / "bad.py").write_text(f"import {imported}\n")
