@@ -1,0 +1,116 @@
+"""Compare contract pins with one vLLM release (installed, source tree or wheel) and grade the drift."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+
+from ascend_core.contracts.pins import SIGNATURE_KEY, Pin, adapter_exists
+from ascend_core.contracts.report import Finding, Report
+from ascend_core.contracts.shapes import Missing, Shape, UpstreamView, normalize_literal
+
+_CLASS_KINDS = ("class", "dataclass")
+_CALLABLE_KINDS = ("function", "method")
+
+
+class _Grader:
+    """Builds one pin's findings; resolves `covered_by` and refuses adapter names that do not exist."""
+
+    def __init__(self, pin: Pin, known_adapters: dict[str, bool]):
+        self.pin = pin
+        self.known = known_adapters
+        self.findings: list[Finding] = []
+
+    def add(self, severity: str, symbol: str, detail: str, cover_key: str) -> None:
+        adapter = self.pin.cover(cover_key)
+        if adapter is not None:
+            if adapter not in self.known:
+                self.known[adapter] = adapter_exists(adapter)
+            if not self.known[adapter]:
+                detail += f" [covered_by names {adapter!r}, which ascend_core.upstream does not define]"
+                adapter = None
+        self.findings.append(Finding(severity=severity, symbol=symbol, detail=detail, covered_by=adapter,
+                                     package=self.pin.package, use=self.pin.use))
+
+
+def _renamed_to(pin: Pin, name: str, present: Iterable[str]) -> str:
+    present = set(present)
+    alternatives = [a for a in pin.aliases.get(name, ()) if a in present]
+    return f"; this vLLM has {', '.join(repr(a) for a in alternatives)} instead" if alternatives else ""
+
+
+def _signature_change(expected: tuple[str, ...], actual: tuple[str, ...]) -> str:
+    def split(entry: str) -> tuple[str, str | None]:
+        name, _, default = entry.partition("=")
+        return name, (default if "=" in entry else None)
+
+    exp = dict(split(e) for e in expected)
+    act = dict(split(a) for a in actual)
+    parts = []
+    removed = [n for n in exp if n not in act]
+    added = [n for n in act if n not in exp]
+    if removed:
+        parts.append("removed " + ", ".join(removed))
+    if added:
+        parts.append("added " + ", ".join(a + ("" if act[a] is not None else " (required)") for a in added))
+    changed = [f"{n}: {exp[n]} -> {act[n]}" for n in exp if n in act and exp[n] != act[n]]
+    if changed:
+        parts.append("default " + "; ".join(changed))
+    if not parts:
+        parts.append("order changed")
+    return "signature changed: " + "; ".join(parts)
+
+
+def check_pin(pin: Pin, view: UpstreamView, known_adapters: dict[str, bool] | None = None) -> list[Finding]:
+    grade = _Grader(pin, {} if known_adapters is None else known_adapters)
+    shape = view.resolve(pin.symbol)
+    if isinstance(shape, Missing):
+        moved = view.find_elsewhere(pin.symbol, pin.moved)
+        detail = ("absent (optional: " if pin.optional else f"gone ({pin.use} target): ") + shape.reason
+        detail += ")" if pin.optional else ""
+        detail += f"; now at {moved}" if moved else ""
+        grade.add("P2" if pin.optional else "P0", pin.symbol, detail, pin.symbol)
+        return grade.findings
+    _check_kind(grade, pin, shape)
+    for name in pin.fields:
+        if name not in shape.members and not (shape.params and any(p.name == name for p in shape.params)):
+            detail = f"field/attribute {name!r} gone" + _renamed_to(pin, name, shape.members)
+            grade.add("P1", f"{pin.symbol}.{name}", detail, name)
+    if pin.params:
+        present = [p.name for p in shape.params or ()]
+        for name in pin.params:
+            if name not in present:
+                grade.add("P1", f"{pin.symbol}({name})", f"parameter {name!r} gone" + _renamed_to(pin, name, present),
+                          name)
+    if pin.signature is not None and shape.signature is not None:
+        expected = tuple(_normalize_entry(e) for e in pin.signature)
+        if expected != shape.signature:
+            grade.add("P2", pin.symbol, _signature_change(expected, shape.signature), SIGNATURE_KEY)
+    if pin.value is not None and shape.value != normalize_literal(pin.value):
+        grade.add("P1", pin.symbol, f"value changed: {pin.value} -> {shape.value or 'not a literal'}", pin.symbol)
+    return grade.findings
+
+
+def _normalize_entry(entry: str) -> str:
+    name, sep, default = entry.partition("=")
+    return f"{name}={normalize_literal(default)}" if sep else name
+
+
+def _check_kind(grade: _Grader, pin: Pin, shape: Shape) -> None:
+    if pin.kind in _CLASS_KINDS and shape.kind != "class":
+        severity = "P0" if pin.use == "subclass" else "P1"
+        grade.add(severity, pin.symbol, f"pinned as a {pin.kind}, now a {shape.kind} ({shape.where})", pin.symbol)
+    elif pin.kind in _CALLABLE_KINDS and shape.kind not in ("function", "class"):
+        grade.add("P1", pin.symbol, f"pinned as a {pin.kind}, now a {shape.kind} ({shape.where})", pin.symbol)
+    elif pin.kind == "module" and shape.kind != "module":
+        grade.add("P1", pin.symbol, f"pinned as a module, now a {shape.kind}", pin.symbol)
+
+
+def check(pins: Iterable[Pin], view: UpstreamView) -> Report:
+    """Every pin against `view`; the report says which findings an adapter covers."""
+    start = time.perf_counter()
+    pins = list(pins)
+    known: dict[str, bool] = {}
+    findings = [f for pin in pins for f in check_pin(pin, view, known)]
+    return Report(target=view.label, version=view.version, pins_checked=len(pins), findings=findings,
+                  seconds=time.perf_counter() - start)
