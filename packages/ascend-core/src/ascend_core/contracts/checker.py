@@ -13,7 +13,7 @@ _CLASS_KINDS = ("class", "dataclass")
 _CALLABLE_KINDS = ("function", "method")
 
 
-class _Grader:
+class Grader:
     """Builds one pin's findings; resolves `covered_by` and refuses adapter names that do not exist."""
 
     def __init__(self, pin: Pin, known_adapters: dict[str, bool]):
@@ -39,7 +39,7 @@ def _renamed_to(pin: Pin, name: str, present: Iterable[str]) -> str:
     return f"; this vLLM has {', '.join(repr(a) for a in alternatives)} instead" if alternatives else ""
 
 
-def _signature_change(expected: tuple[str, ...], actual: tuple[str, ...]) -> str:
+def signature_change(expected: tuple[str, ...], actual: tuple[str, ...]) -> str:
     def split(entry: str) -> tuple[str, str | None]:
         name, _, default = entry.partition("=")
         return name, (default if "=" in entry else None)
@@ -53,7 +53,7 @@ def _signature_change(expected: tuple[str, ...], actual: tuple[str, ...]) -> str
         parts.append("removed " + ", ".join(removed))
     if added:
         parts.append("added " + ", ".join(a + ("" if act[a] is not None else " (required)") for a in added))
-    changed = [f"{n}: {exp[n]} -> {act[n]}" for n in exp if n in act and exp[n] != act[n]]
+    changed = [f"{n}: {exp[n] or 'required'} -> {act[n] or 'required'}" for n in exp if n in act and exp[n] != act[n]]
     if changed:
         parts.append("default " + "; ".join(changed))
     if not parts:
@@ -62,7 +62,7 @@ def _signature_change(expected: tuple[str, ...], actual: tuple[str, ...]) -> str
 
 
 def check_pin(pin: Pin, view: UpstreamView, known_adapters: dict[str, bool] | None = None) -> list[Finding]:
-    grade = _Grader(pin, {} if known_adapters is None else known_adapters)
+    grade = Grader(pin, {} if known_adapters is None else known_adapters)
     shape = view.resolve(pin.symbol)
     if isinstance(shape, Missing):
         moved = view.find_elsewhere(pin.symbol, pin.moved)
@@ -74,7 +74,7 @@ def check_pin(pin: Pin, view: UpstreamView, known_adapters: dict[str, bool] | No
     _check_kind(grade, pin, shape)
     for name in pin.fields:
         if name not in shape.members and not (shape.params and any(p.name == name for p in shape.params)):
-            detail = f"field/attribute {name!r} gone" + _renamed_to(pin, name, shape.members)
+            detail = f"{name!r} gone" + _renamed_to(pin, name, shape.members)
             grade.add("P1", f"{pin.symbol}.{name}", detail, name)
     if pin.params:
         present = [p.name for p in shape.params or ()]
@@ -85,7 +85,7 @@ def check_pin(pin: Pin, view: UpstreamView, known_adapters: dict[str, bool] | No
     if pin.signature is not None and shape.signature is not None:
         expected = tuple(_normalize_entry(e) for e in pin.signature)
         if expected != shape.signature:
-            grade.add("P2", pin.symbol, _signature_change(expected, shape.signature), SIGNATURE_KEY)
+            grade.add("P2", pin.symbol, signature_change(expected, shape.signature), SIGNATURE_KEY)
     if pin.value is not None and shape.value != normalize_literal(pin.value):
         grade.add("P1", pin.symbol, f"value changed: {pin.value} -> {shape.value or 'not a literal'}", pin.symbol)
     return grade.findings
@@ -96,7 +96,7 @@ def _normalize_entry(entry: str) -> str:
     return f"{name}={normalize_literal(default)}" if sep else name
 
 
-def _check_kind(grade: _Grader, pin: Pin, shape: Shape) -> None:
+def _check_kind(grade: Grader, pin: Pin, shape: Shape) -> None:
     if pin.kind in _CLASS_KINDS and shape.kind != "class":
         severity = "P0" if pin.use == "subclass" else "P1"
         grade.add(severity, pin.symbol, f"pinned as a {pin.kind}, now a {shape.kind} ({shape.where})", pin.symbol)

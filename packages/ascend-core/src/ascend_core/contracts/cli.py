@@ -1,6 +1,7 @@
 """`ascend-contracts` (also `ascend-vllm contracts`): check pins against a vLLM, scan our sources, fetch wheels.
 
     ascend-contracts check [--vllm PATH_OR_WHEEL_OR_VERSION] [--json]   exit 1 on an uncovered P0/P1
+    ascend-contracts check --baseline OLD --vllm NEW                     what changes in pinned symbols, OLD -> NEW
     ascend-contracts scan [--root DIR] [--json] [--suggest]             exit 1 when a vLLM use has no pin
     ascend-contracts fetch VERSION                                       print the cached wheel's path
 """
@@ -14,6 +15,7 @@ import sys
 from pathlib import Path
 
 from ascend_core.contracts.checker import check
+from ascend_core.contracts.drift import drift
 from ascend_core.contracts.pins import PinsError, load_all_pins, load_pins
 from ascend_core.contracts.report import render_table
 from ascend_core.contracts.scan import ScanResult, check_folder, scan_workspace, suggest_pins
@@ -45,6 +47,9 @@ def add_check_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--vllm", metavar="PATH_OR_WHEEL", default=None,
                         help="a vLLM source tree, a release .whl, or a release version to fetch (default: the "
                              "installed vLLM, imported)")
+    parser.add_argument("--baseline", metavar="PATH_OR_WHEEL", default=None,
+                        help="report what changes in the pinned symbols from this vLLM to --vllm (main2main), "
+                             "instead of checking --vllm against the pins")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     parser.add_argument("--pins", metavar="FILE", action="append", default=None,
                         help="check this pins file only (repeatable; default: every installed ascend package's)")
@@ -63,10 +68,11 @@ def run_check(args: argparse.Namespace) -> int:
     try:
         pins = [p for f in args.pins for p in load_pins(f)] if args.pins else load_all_pins()
         view = open_view(args.vllm)
+        baseline = open_view(args.baseline) if getattr(args, "baseline", None) else None
     except (PinsError, FileNotFoundError, WheelFetchError, ValueError) as exc:
         print(f"ascend-contracts: {exc}", file=sys.stderr)
         return 2
-    report = check(pins, view)
+    report = check(pins, view) if baseline is None else drift(pins, baseline, view)
     print(report.to_json() if args.json else render_table(report))
     return report.exit_code
 

@@ -66,20 +66,16 @@ class Report:
         return json.dumps(self.to_dict(), indent=2)
 
 
-def _cell(text: str, width: int) -> str:
-    return text if len(text) <= width else text[: width - 1] + "…"
-
-
-def render_table(report: Report, symbol_width: int = 72, detail_width: int = 78) -> str:
-    """A fixed-width table, most severe first, then a one-line verdict."""
-    head = f"vLLM contract check: {report.target} (vLLM {report.version or 'unknown'}), {report.pins_checked} pins"
-    lines = [head]
-    if report.findings:
-        lines.append(f"{'SEV':<4} {'SYMBOL':<{symbol_width}} {'DETAIL':<{detail_width}} COVERED BY")
-        for f in report.sorted_findings():
-            cover = f.covered_by or "-- UNCOVERED --"
-            lines.append(f"{f.severity:<4} {_cell(f.symbol, symbol_width):<{symbol_width}} "
-                         f"{_cell(f.detail, detail_width):<{detail_width}} {cover}")
+def render_table(report: Report, max_symbol_width: int = 90) -> str:
+    """A fixed-width table, most severe first (detail last, never cut), then a one-line verdict."""
+    lines = [f"vLLM contract check: {report.target} (vLLM {report.version or '?'}), {report.pins_checked} pins"]
+    rows = report.sorted_findings()
+    if rows:
+        sym_w = min(max_symbol_width, max(len("SYMBOL"), *(len(f.symbol) for f in rows)))
+        cov_w = max(len("COVERED BY"), *(len(f.covered_by or "UNCOVERED") for f in rows))
+        lines.append(f"{'SEV':<4} {'SYMBOL':<{sym_w}}  {'COVERED BY':<{cov_w}}  DETAIL")
+        for f in rows:
+            lines.append(f"{f.severity:<4} {f.symbol:<{sym_w}}  {f.covered_by or 'UNCOVERED':<{cov_w}}  {f.detail}")
     counts = ", ".join(f"{s}: {sum(1 for f in report.findings if f.severity == s)}" for s in SEVERITIES)
     verdict = "FAIL" if report.blocking else "ok"
     lines.append(f"{verdict}: {len(report.findings)} findings ({counts}); {report.uncovered} uncovered, "
