@@ -1,0 +1,73 @@
+"""The ast-based view: re-exports, aliases, inheritance, dataclass constructors, wheels, and where symbols moved."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from ascend_core.contracts.shapes import Missing, Shape
+from ascend_core.contracts.source_reader import open_source
+from ascend_core.contracts.static_view import StaticView
+
+
+def _view(path: Path) -> StaticView:
+    return StaticView(open_source(path))
+
+
+def test_dataclass_members_include_inherited_fields_and_constructor_order(old_tree: Path) -> None:
+    shape = _view(old_tree).resolve("vllm.core.spec.Tensor")
+    assert isinstance(shape, Shape) and shape.kind == "class"
+    assert {"size", "shared_by", "offset", "block_size", "registry"} <= shape.members
+    # ClassVar and default_factory handled like dataclasses do; kw_only puts everything behind '*'
+    assert shape.signature == ("*", "block_size", "size", "shared_by", "offset=0", "scratch=...")
+
+
+def test_reexports_aliases_and_relative_imports_resolve_to_the_definition(old_tree: Path) -> None:
+    view = _view(old_tree)
+    public = view.resolve("vllm.api.PublicTensor")
+    assert isinstance(public, Shape) and public.where == "vllm/core/spec.py:13"
+    assert isinstance(view.resolve("vllm.core.spec.Alias.shared_by"), Shape)
+    method = view.resolve("vllm.api.runner_mod.Runner.build")
+    assert isinstance(method, Shape) and method.signature == ("cfg",)
+
+
+def test_literal_values_and_function_signatures(old_tree: Path) -> None:
+    view = _view(old_tree)
+    assert view.resolve("vllm.core.spec.GROUP").value == "'vllm.my_group'"
+    assert view.resolve("vllm.core.spec.hook").signature == ("x", "flag=False", "*", "mode='a'")
+    assert view.version == "1.0.0"
+
+
+def test_missing_symbols_say_why(old_tree: Path) -> None:
+    view = _view(old_tree)
+    gone = view.resolve("vllm.core.spec.nothing")
+    assert isinstance(gone, Missing) and "vllm.core.spec has no 'nothing'" in gone.reason
+    assert "no 'step2'" in view.resolve("vllm.core.runner.Runner.step2").reason
+    assert isinstance(view.resolve("vllm.core.spec.plan.inner"), Missing)
+
+
+def test_wheel_reads_like_a_tree(new_tree: Path, new_wheel: Path) -> None:
+    tree, wheel = _view(new_tree), _view(new_wheel)
+    for symbol in ("vllm.core.spec.Tensor", "vllm.core.spec.hook", "vllm.core.runner.Runner.step", "vllm.core.spec"):
+        assert tree.resolve(symbol) == wheel.resolve(symbol)
+    assert wheel.version == "2.0.0"
+    assert wheel.label == new_wheel.name
+
+
+def test_find_elsewhere_prefers_declared_candidates_then_searches_siblings(new_tree: Path) -> None:
+    view = _view(new_tree)
+    assert view.find_elsewhere("vllm.core.spec.plan") == "vllm.core.planning.plan"
+    assert view.find_elsewhere("vllm.core.spec.plan", ("vllm.core.runner.Runner",)) == "vllm.core.runner.Runner"
+    assert view.find_elsewhere("vllm.core.spec.nowhere") is None
+
+
+def test_only_the_modules_a_lookup_needs_are_parsed(new_tree: Path) -> None:
+    view = _view(new_tree)
+    view.resolve("vllm.core.runner.Runner.step")
+    assert view.modules_parsed <= 3  # vllm.core.runner (+ nothing else needed)
+
+
+def test_open_source_rejects_what_is_not_vllm(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError, match="neither a vLLM wheel"):
+        open_source(tmp_path)
