@@ -86,7 +86,8 @@ def test_drift_between_two_releases_names_renames_moves_and_additions(old_tree: 
     assert "replaced by 'layers'" in f["vllm.core.spec.Tensor.shared_by"].detail
     assert f["vllm.core.spec.Tensor.shared_by"].covered_by == "ascend_core.upstream.kv_tensor_layers"
     assert "vllm.core.spec.Tensor.layers" not in f  # reported once, as the rename
-    assert f["vllm.core.spec.plan"].severity == "P0" and "now at vllm.core.planning.plan" in f["vllm.core.spec.plan"].detail
+    plan = f["vllm.core.spec.plan"]
+    assert plan.severity == "P0" and "now at vllm.core.planning.plan" in plan.detail
     assert "replaced by 'dp_sync'" in f["vllm.core.runner.Runner.step(num_tokens_across_dp)"].detail
     assert f["vllm.core.planning"].severity == "P2" and "added in 2.0.0" in f["vllm.core.planning"].detail
     assert f["vllm.core.spec.GROUP"].severity == "P1"
