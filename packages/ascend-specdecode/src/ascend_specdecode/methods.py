@@ -1,0 +1,63 @@
+"""Which speculator family a speculative config asks for, decided in the order the Ascend plugin dispatches.
+
+Order: dspark -> dflash (DFlash2 when the draft declares a DFlash2 architecture) -> mtp -> eagle. ``draft_model``
+(an independent small LM) is accepted too: it is the one method whose draft can be literally the target.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+DSPARK = "dspark"
+DFLASH = "dflash"
+DFLASH2 = "dflash2"
+MTP = "mtp"
+EAGLE = "eagle"
+DRAFT_MODEL = "draft_model"
+
+# Dispatch order of the target-dependent families; draft_model is independent of the target and checked last.
+DISPATCH_ORDER = (DSPARK, DFLASH, MTP, EAGLE)
+
+EAGLE_METHODS = frozenset({"eagle", "eagle3"})
+DFLASH2_ARCHITECTURES = frozenset({"DFlash2DraftModel"})
+# Methods vLLM knows but this package does not speculate with (they run on the host or need other runners).
+UNSUPPORTED_METHODS = frozenset(
+    {"ngram", "ngram_gpu", "medusa", "mlp_speculator", "suffix", "custom_class", "extract_hidden_states"}
+)
+
+
+def _mtp_model_types() -> frozenset[str]:
+    """The MTP draft model types the installed vLLM names (``deepseek_mtp``, ``mimo_mtp``, ...)."""
+    from typing import get_args
+
+    from vllm.config.speculative import MTPModelTypes
+
+    return frozenset(get_args(MTPModelTypes))
+
+
+def draft_architectures(speculative_config: Any) -> tuple[str, ...]:
+    draft = getattr(speculative_config, "draft_model_config", None)
+    return tuple(getattr(draft, "architectures", None) or ())
+
+
+def method_family(method: str | None, architectures: Iterable[str] = ()) -> str:
+    """The family for `method` (raises ValueError naming the method when there is none)."""
+    if method == DSPARK:
+        return DSPARK
+    if method == DFLASH:
+        return DFLASH2 if DFLASH2_ARCHITECTURES & set(architectures) else DFLASH
+    if method == MTP or (method is not None and method in _mtp_model_types()):
+        return MTP
+    if method in EAGLE_METHODS:
+        return EAGLE
+    if method == DRAFT_MODEL:
+        return DRAFT_MODEL
+    known = sorted({DSPARK, DFLASH, MTP, *EAGLE_METHODS, DRAFT_MODEL})
+    why = "is not a speculative method this plugin runs" if method in UNSUPPORTED_METHODS else "is unknown"
+    raise ValueError(f"speculative method {method!r} {why}; expected one of {known} (or an MTP model type)")
+
+
+def speculator_family(speculative_config: Any) -> str:
+    """The family of a vLLM `SpeculativeConfig` (method plus the draft's architectures)."""
+    return method_family(getattr(speculative_config, "method", None), draft_architectures(speculative_config))

@@ -1,0 +1,1 @@
+"""Draft model classes the Ascend speculators build through upstream's class factories."""

@@ -1,0 +1,111 @@
+"""Draft verification through the `ascend_kernels` rejection sampler, for vLLM's V1 model runner.
+
+The upstream samplers stay in charge of everything around verification (logits processors, penalties, temperature,
+bonus tokens, logprobs); only the accept/reject decision moves to `ascend_kernels.ops.rejection_sample`, the op that
+has an NPU kernel on Ascend and a pure-torch reference elsewhere. That decision is what makes speculation lossless,
+so it is the part the Ascend build must own.
+
+Model Runner V2 keeps upstream's verifier for now: it is written in Triton, which has no CPU backend here, so an
+Ascend replacement could not be exercised by any test on this machine.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+import torch
+from vllm.logger import init_logger
+from vllm.v1.outputs import SamplerOutput
+from vllm.v1.sample import rejection_sampler as v1_rs
+
+from ascend_specdecode.kernel_bridge import greedy_verify
+
+logger = init_logger(__name__)
+
+
+class AscendRejectionSampler(v1_rs.RejectionSampler):
+    """The V1 rejection sampler with the accept/reject step done by `ascend_kernels`."""
+
+    @classmethod
+    def from_upstream(cls, upstream: v1_rs.RejectionSampler, spec_config: Any, device: Any) -> AscendRejectionSampler:
+        return cls(upstream.sampler, spec_config, device)
+
+    def forward(
+        self,
+        metadata: Any,
+        draft_probs: torch.Tensor | None,
+        logits: torch.Tensor,
+        sampling_metadata: Any,
+    ) -> SamplerOutput:
+        # Mirrors upstream RejectionSampler.forward (vLLM 0.32) up to the verification call.
+        assert metadata.max_spec_len <= v1_rs.MAX_SPEC_LEN
+        bonus_logits = logits[metadata.bonus_logits_indices]
+        bonus_sampler_output = self.sampler(
+            logits=bonus_logits,
+            sampling_metadata=replace(sampling_metadata, max_num_logprobs=-1),
+            predict_bonus_token=True,
+            logprobs_mode_override="processed_logits" if self.is_processed_logprobs_mode else "raw_logits",
+        )
+        bonus_token_ids = bonus_sampler_output.sampled_token_ids
+        raw_target_logits = logits[metadata.target_logits_indices].to(torch.float32)
+        target_logits = raw_target_logits
+        if not self.is_processed_logprobs_mode:
+            target_logits = target_logits.clone()
+        target_logits = self.apply_logits_processors(target_logits, sampling_metadata, metadata)
+        target_logits = v1_rs.apply_sampling_constraints(target_logits, metadata.cu_num_draft_tokens, sampling_metadata)
+
+        output_token_ids = self.verify(
+            metadata.draft_token_ids,
+            metadata.num_draft_tokens,
+            metadata.max_spec_len,
+            metadata.cu_num_draft_tokens,
+            draft_probs,
+            target_logits,
+            bonus_token_ids,
+            sampling_metadata,
+        )
+
+        logprobs_tensors = None
+        if sampling_metadata.max_num_logprobs is not None:
+            logprobs_tensors = self._get_logprobs_tensors(
+                sampling_metadata.max_num_logprobs,
+                metadata,
+                logits,
+                target_logits if self.is_processed_logprobs_mode else raw_target_logits,
+                bonus_sampler_output.logprobs_tensors.logprobs,
+                output_token_ids,
+            )
+        return SamplerOutput(sampled_token_ids=output_token_ids, logprobs_tensors=logprobs_tensors)
+
+    def verify(
+        self,
+        draft_token_ids: torch.Tensor,
+        num_draft_tokens: list[int],
+        max_spec_len: int,
+        cu_num_draft_tokens: torch.Tensor,
+        draft_probs: torch.Tensor | None,
+        target_logits: torch.Tensor,
+        bonus_token_ids: torch.Tensor,
+        sampling_metadata: Any,
+    ) -> torch.Tensor:
+        """``[batch, max_spec_len + 1]`` output tokens, -1 after the first rejection (upstream's layout).
+
+        Greedy rows are decided by `ascend_kernels`; sampled rows (and the synthetic benchmarking mode) go through
+        upstream's probabilistic path, which needs per-request generators the kernel facade does not model.
+        """
+        starts = torch.nn.functional.pad(cu_num_draft_tokens, (1, 0))[:-1]
+        if sampling_metadata.all_greedy and not self.synthetic_mode:
+            argmax = target_logits.argmax(dim=-1)
+            return greedy_verify(draft_token_ids, argmax, starts, cu_num_draft_tokens, bonus_token_ids, max_spec_len)
+        out = v1_rs.rejection_sample(
+            draft_token_ids, num_draft_tokens, max_spec_len, cu_num_draft_tokens, draft_probs, target_logits,
+            bonus_token_ids, sampling_metadata, synthetic_mode=self.synthetic_mode,
+            synthetic_conditional_rates=self.synthetic_conditional_rates, use_fp64_gumbel=self.use_fp64_gumbel,
+        )  # fmt: skip
+        if self.synthetic_mode or sampling_metadata.all_random:
+            return out
+        greedy_rows = sampling_metadata.temperature == v1_rs.GREEDY_TEMPERATURE
+        argmax = target_logits.argmax(dim=-1)
+        greedy = greedy_verify(draft_token_ids, argmax, starts, cu_num_draft_tokens, bonus_token_ids, max_spec_len)
+        return torch.where(greedy_rows[:, None], greedy, out)

@@ -1,0 +1,156 @@
+"""Configuration validation, method families, dispatch order and the V1-only feature filter."""
+
+from __future__ import annotations
+
+import pytest
+
+from ascend_specdecode.config_check import SpeculativeConfigError, validate_speculative_config
+from ascend_specdecode.dispatch import SPECULATOR_CLASSES, select_speculator
+from ascend_specdecode.methods import DISPATCH_ORDER, method_family
+from ascend_specdecode.v1_filter import CANDIDATE_HEAD_FEATURE, DSPARK_FEATURE, v1_unsupported_filter
+
+
+def test_valid_config_returns_family():
+    spec = {"method": "eagle", "num_speculative_tokens": 3, "draft_vocab_size": 1000}
+    assert validate_speculative_config(spec, target_vocab_size=1000) == "eagle"
+
+
+@pytest.mark.parametrize(
+    ("spec", "needle"),
+    [
+        ({"method": "telepathy", "num_speculative_tokens": 3}, "'telepathy' is unknown"),
+        ({"method": "medusa", "num_speculative_tokens": 3}, "'medusa' is not a speculative method this plugin runs"),
+        ({"method": "eagle", "num_speculative_tokens": 0}, "num_speculative_tokens must be a positive integer, got 0"),
+        ({"method": "eagle", "num_speculative_tokens": -2}, "got -2"),
+        ({"method": "eagle", "num_speculative_tokens": True}, "got True"),
+        ({"method": "dflash", "num_speculative_tokens": 2, "draft_vocab_size": 999}, "draft vocabulary size 999"),
+    ],
+)
+def test_bad_config_is_one_clear_error(spec, needle):
+    with pytest.raises(SpeculativeConfigError) as info:
+        validate_speculative_config(spec, target_vocab_size=1000)
+    assert needle in str(info.value)
+
+
+def test_every_problem_is_named_in_the_one_error():
+    with pytest.raises(SpeculativeConfigError) as info:
+        validate_speculative_config(
+            {"method": "nope", "num_speculative_tokens": 0, "draft_vocab_size": 5}, target_vocab_size=7
+        )
+    message = str(info.value)
+    assert "'nope'" in message and "got 0" in message and "size 5 differs from the target's 7" in message
+
+
+def test_vocab_from_model_configs():
+    class Hf:
+        vocab_size = 1000
+
+    class Draft:
+        hf_config = Hf()
+        architectures = ["LlamaForCausalLM"]
+
+        def get_vocab_size(self):
+            return 1000
+
+    class Spec:
+        method = "draft_model"
+        num_speculative_tokens = 2
+        draft_model_config = Draft()
+        model = "d"
+
+    assert validate_speculative_config(Spec(), target_vocab_size=1000) == "draft_model"
+    Hf.draft_vocab_size = 500  # a truncated draft vocabulary is what the draft proposes from
+    with pytest.raises(SpeculativeConfigError, match="size 500"):
+        validate_speculative_config(Spec(), target_vocab_size=1000)
+
+
+@pytest.mark.parametrize(
+    ("method", "archs", "family"),
+    [
+        ("dspark", (), "dspark"),
+        ("dflash", ("DFlashDraftModel",), "dflash"),
+        ("dflash", ("DFlash2DraftModel",), "dflash2"),
+        ("mtp", (), "mtp"),
+        ("deepseek_mtp", (), "mtp"),
+        ("eagle", (), "eagle"),
+        ("eagle3", (), "eagle"),
+        ("draft_model", (), "draft_model"),
+    ],
+)
+def test_method_family(method, archs, family):
+    assert method_family(method, archs) == family
+
+
+def test_dispatch_order_and_classes():
+    assert DISPATCH_ORDER == ("dspark", "dflash", "mtp", "eagle")
+
+    class Spec:
+        def __init__(self, method, archs=()):
+            self.method = method
+            self.draft_model_config = type("D", (), {"architectures": list(archs)})()
+
+    from vllm.v1.worker.gpu.spec_decode.dflash2.speculator import DFlash2Speculator
+    from vllm.v1.worker.gpu.spec_decode.dflash.speculator import DFlashSpeculator
+    from vllm.v1.worker.gpu.spec_decode.dspark.speculator import DSparkSpeculator
+    from vllm.v1.worker.gpu.spec_decode.eagle.speculator import EagleSpeculator
+    from vllm.v1.worker.gpu.spec_decode.mtp.speculator import MTPSpeculator
+
+    expected = {
+        ("dspark",): DSparkSpeculator,
+        ("dflash",): DFlashSpeculator,
+        ("dflash", "DFlash2DraftModel"): DFlash2Speculator,
+        ("mtp",): MTPSpeculator,
+        ("eagle",): EagleSpeculator,
+        ("eagle3",): EagleSpeculator,
+    }
+    for (method, *archs), upstream in expected.items():
+        cls = select_speculator(Spec(method, archs))
+        assert issubclass(cls, upstream) and cls.__module__.startswith("ascend_specdecode.")
+    # DSpark subclasses DFlash upstream: checked first, it must not resolve to the DFlash speculator.
+    assert not issubclass(select_speculator(Spec("dflash")), DSparkSpeculator)
+    assert set(SPECULATOR_CLASSES) == {"dspark", "dflash", "dflash2", "mtp", "eagle"}
+    with pytest.raises(ValueError, match="'ngram' is not a speculative method"):
+        select_speculator(Spec("ngram"))
+
+
+def test_dflash2_model_factories():
+    from vllm.model_executor.models.qwen3_dflash2 import DFlash2Qwen3ForCausalLM, DFlash2Qwen3Model
+
+    from ascend_specdecode.models import dflash2
+
+    assert issubclass(dflash2.AscendDFlash2Qwen3ForCausalLM, DFlash2Qwen3ForCausalLM)
+    assert dflash2.AscendDFlash2Qwen3ForCausalLM.model_cls is dflash2.AscendDFlash2Qwen3Model
+    assert issubclass(dflash2.AscendDFlash2Qwen3Model, DFlash2Qwen3Model)
+    assert dflash2.AscendDFlash2Qwen3Model.decoder_layer_cls is dflash2.AscendDFlash2Qwen3DecoderLayer
+
+
+UPSTREAM_V1_LIST = [
+    "prefill context parallel",
+    DSPARK_FEATURE,
+    "adaptive draft verification",
+    "mixed sliding/full dflash drafts",
+    CANDIDATE_HEAD_FEATURE,
+    "batch-sharded sampling",
+]
+
+
+def test_v1_filter_removes_only_dspark_and_dflash2():
+    kept = v1_unsupported_filter(UPSTREAM_V1_LIST, ["DFlash2DraftModel"])
+    assert kept == [f for f in UPSTREAM_V1_LIST if f not in (DSPARK_FEATURE, CANDIDATE_HEAD_FEATURE)]
+
+
+def test_v1_filter_keeps_lilicorr_candidate_heads():
+    # Upstream reports LiLiCorr drafts under the same entry; only DFlash2 is ours to allow.
+    assert CANDIDATE_HEAD_FEATURE in v1_unsupported_filter(UPSTREAM_V1_LIST, ["LiLiCorrDraftModel"])
+    assert CANDIDATE_HEAD_FEATURE in v1_unsupported_filter(UPSTREAM_V1_LIST)
+    assert DSPARK_FEATURE not in v1_unsupported_filter(UPSTREAM_V1_LIST)
+
+
+def test_v1_filter_against_a_real_vllm_config():
+    """Build the entry from upstream's own method on a real VllmConfig with DFlash2 shape."""
+    from vllm.config import VllmConfig
+
+    from ascend_specdecode.v1_filter import filtered_v1_unsupported_features
+
+    config = VllmConfig()
+    assert filtered_v1_unsupported_features(config) == config._get_v1_model_runner_unsupported_features()
