@@ -9,8 +9,10 @@ import logging
 
 logger = logging.getLogger(__name__)
 
-# name as vLLM sees it -> (module, class). Filled as the connectors land.
-CONNECTORS: dict[str, tuple[str, str]] = {}
+# name as vLLM sees it -> (module, class); the modules are imported only when vLLM creates the connector.
+CONNECTORS: dict[str, tuple[str, str]] = {
+    "AscendMooncakeConnector": ("ascend_kv_transfer.mooncake_connector", "AscendMooncakeConnector"),
+}
 
 _registered: set[str] = set()
 

@@ -1,0 +1,104 @@
+"""Byte geometry of the KV caches vLLM hands a connector: per-layer regions and the storages behind them.
+
+vLLM passes `register_kv_caches` one view per layer; on current releases all of them are strided views into one
+backing buffer, so the real storages are found by deduplicating the views' untyped storages (registering the same
+memory twice with Mooncake fails or double-counts). A layer's block must be one contiguous page, and no two layers'
+pages may overlap; anything else is rejected with the layer's name.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import torch
+
+from ascend_kv_transfer.p2p.schema import LayerRegion
+
+
+class KVLayoutError(ValueError):
+    """The KV cache layout cannot be moved as whole pages (non-contiguous or overlapping)."""
+
+
+@dataclass(frozen=True)
+class Storage:
+    addr: int
+    nbytes: int
+
+
+@dataclass(frozen=True)
+class KVRegions:
+    regions: list[LayerRegion]
+    storages: list[Storage]
+
+    @property
+    def bytes_per_block(self) -> int:
+        return sum(r.page_bytes for r in self.regions)
+
+
+def describe_kv_caches(kv_caches: Mapping[str, torch.Tensor], num_blocks: int | None = None,
+                       groups: Mapping[str, int] | None = None) -> KVRegions:
+    """Regions (one per layer, in the dict's order) and deduplicated storages of `kv_caches`.
+
+    `num_blocks` is the scheduler's block count; when a tensor holds a multiple of it (kernel blocks smaller than
+    the manager's block), a manager block spans that many kernel pages, which must then be back to back.
+    `groups` maps a layer to its KV cache group (default 0).
+    """
+    regions: list[LayerRegion] = []
+    storages: dict[int, Storage] = {}
+    for name, tensor in kv_caches.items():
+        if tensor.dim() < 2:
+            raise KVLayoutError(f"layer {name!r}: expected a [blocks, ...] view, got shape {tuple(tensor.shape)}")
+        storage = tensor.untyped_storage()
+        storages.setdefault(storage.data_ptr(), Storage(storage.data_ptr(), storage.nbytes()))
+        kernel_blocks = tensor.shape[0]
+        ratio = 1
+        if num_blocks:
+            if kernel_blocks % num_blocks:
+                raise KVLayoutError(f"layer {name!r}: {kernel_blocks} kernel blocks is not a multiple of "
+                                    f"{num_blocks} blocks")
+            ratio = kernel_blocks // num_blocks
+        page = tensor[0]
+        if not page.is_contiguous():
+            raise KVLayoutError(f"layer {name!r}: a block's page is not contiguous (shape {tuple(tensor.shape)}, "
+                                f"strides {tensor.stride()}); use a block-major layer layout such as LBHNC")
+        kernel_page = page.nbytes
+        kernel_stride = tensor.stride(0) * tensor.element_size()
+        if kernel_stride < kernel_page:
+            raise KVLayoutError(f"layer {name!r}: block stride {kernel_stride} B is smaller than its page "
+                                f"{kernel_page} B (pages overlap)")
+        if ratio > 1 and kernel_stride != kernel_page:
+            raise KVLayoutError(f"layer {name!r}: {ratio} kernel blocks per block but kernel pages are not back to "
+                                f"back (stride {kernel_stride} B, page {kernel_page} B)")
+        regions.append(LayerRegion(name=name, base_addr=tensor.data_ptr(), block_stride=kernel_stride * ratio,
+                                   page_bytes=kernel_page * ratio, num_blocks=kernel_blocks // ratio,
+                                   group=(groups or {}).get(name, 0)))
+    _check_no_overlap(regions)
+    return KVRegions(regions, list(storages.values()))
+
+
+def _check_no_overlap(regions: list[LayerRegion]) -> None:
+    """Two layers whose pages interleave would be copied over each other: reject them by name.
+
+    Pages of one layer are spaced `block_stride` apart; another layer may live in the gaps (block-major layouts) but
+    never inside a page. Checking each pair of layers over one stride period is exact for equal strides.
+    """
+    by_stride: dict[int, list[LayerRegion]] = {}
+    for r in regions:
+        by_stride.setdefault(r.block_stride, []).append(r)
+    for stride, group in by_stride.items():
+        spans = []
+        for r in group:
+            if stride == r.page_bytes:  # dense: the layer is one extent
+                spans.append((r.base_addr, r.base_addr + r.num_blocks * stride, r.name))
+        spans.sort()
+        for (s0, e0, n0), (s1, _e1, n1) in zip(spans, spans[1:], strict=False):
+            if s1 < e0:
+                raise KVLayoutError(f"layers {n0!r} and {n1!r} overlap ({s1 - s0} B apart, extent {e0 - s0} B)")
+        strided = [r for r in group if stride != r.page_bytes]
+        offsets = sorted(((r.base_addr % stride), r.page_bytes, r.name, r.base_addr) for r in strided)
+        for (o0, p0, n0, b0), (o1, _p1, n1, b1) in zip(offsets, offsets[1:], strict=False):
+            same_period = abs(b1 - b0) < stride * max(1, min(r.num_blocks for r in strided))
+            if same_period and o1 < o0 + p0:
+                raise KVLayoutError(f"layers {n0!r} and {n1!r} overlap within a block (offsets {o0} and {o1}, "
+                                    f"page {p0} B)")

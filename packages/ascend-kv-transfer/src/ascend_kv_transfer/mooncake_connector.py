@@ -1,0 +1,153 @@
+"""`AscendMooncakeConnector`: vLLM's KV connector API over the P2P scheduler and worker halves.
+
+The class only forwards: the scheduler half (`p2p.scheduler_side`) and the worker half (`p2p.worker_side`, built on
+the vLLM-free `p2p.agent`) do the work. Load it by name once the package's general plugin ran, or with
+`kv_connector_module_path="ascend_kv_transfer.mooncake_connector"`.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from vllm.distributed.kv_transfer.kv_connector.v1.base import (
+    KVConnectorBase_V1,
+    KVConnectorMetadata,
+    KVConnectorRole,
+    KVConnectorTransferResults,
+    SupportsHMA,
+)
+from vllm.logger import init_logger
+from vllm.v1.metrics.cache_hit_source import CacheHitSource
+
+from ascend_kv_transfer.options import MooncakeOptions, parse_options
+from ascend_kv_transfer.p2p.scheduler_side import P2PScheduler, P2PStep
+from ascend_kv_transfer.p2p.worker_side import P2PWorker
+from ascend_kv_transfer.stats import AscendKVConnectorStats, CounterDeltas
+from ascend_kv_transfer.vllm_config_info import engine_ranks, kv_geometry, layer_groups, worker_ranks
+
+if TYPE_CHECKING:
+    import torch
+    from vllm.config import VllmConfig
+    from vllm.forward_context import ForwardContext
+    from vllm.v1.attention.backend import AttentionMetadata
+    from vllm.v1.core.kv_cache_manager import KVCacheBlocks
+    from vllm.v1.core.sched.output import SchedulerOutput
+    from vllm.v1.kv_cache_interface import KVCacheConfig
+    from vllm.v1.request import Request
+
+logger = init_logger(__name__)
+
+
+class P2PConnectorMetadata(KVConnectorMetadata):
+    def __init__(self, step: P2PStep):
+        self.step = step
+
+
+class AscendMooncakeConnector(KVConnectorBase_V1, SupportsHMA):
+    _cache_hit_source = CacheHitSource.P2P
+
+    def __init__(self, vllm_config: VllmConfig, role: KVConnectorRole, kv_cache_config: KVCacheConfig):
+        super().__init__(vllm_config, role, kv_cache_config)
+        transfer = vllm_config.kv_transfer_config
+        if transfer.engine_id is None:
+            raise ValueError("kv_transfer_config.engine_id must be set for AscendMooncakeConnector")
+        options = parse_options(MooncakeOptions, transfer.kv_connector_extra_config)
+        role_name = transfer.kv_role or "kv_both"
+        self._scheduler: P2PScheduler | None = None
+        self._worker: P2PWorker | None = None
+        if role == KVConnectorRole.SCHEDULER:
+            self._scheduler = P2PScheduler(engine_id=transfer.engine_id, role=role_name, options=options,
+                                           ranks=engine_ranks(vllm_config),
+                                           block_size=vllm_config.cache_config.block_size)
+        else:
+            self._worker = P2PWorker(engine_id=transfer.engine_id, role=role_name, options=options,
+                                     ranks=worker_ranks(vllm_config),
+                                     geometry=kv_geometry(vllm_config, kv_cache_config),
+                                     num_blocks=kv_cache_config.num_blocks, layer_groups=layer_groups(kv_cache_config))
+        self._deltas = CounterDeltas()
+
+    @classmethod
+    def get_required_kvcache_layout(cls, vllm_config: VllmConfig) -> str | None:
+        # Layer-outer, block-major pages: each layer's blocks are back to back, so a run of blocks is one transfer.
+        model = vllm_config.model_config
+        if model is None or model.use_mla:
+            return None
+        return "LBHNC"
+
+    @classmethod
+    def build_kv_connector_stats(cls, data: dict[str, Any] | None = None) -> AscendKVConnectorStats:
+        return AscendKVConnectorStats(data=data or {})
+
+    # ---- scheduler ----------------------------------------------------------------------------------------------
+    def get_loaded_kv_cache_group_ids(self, request: Request) -> tuple[int, ...]:
+        return self._kv_cache_config.transfer_group_ids
+
+    def get_num_new_matched_tokens(self, request: Request, num_computed_tokens: int) -> tuple[int | None, bool]:
+        assert self._scheduler is not None
+        return self._scheduler.get_num_new_matched_tokens(request, num_computed_tokens)
+
+    def update_state_after_alloc(self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int) -> None:
+        assert self._scheduler is not None
+        self._scheduler.update_state_after_alloc(request, blocks, num_external_tokens)
+
+    def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
+        assert self._scheduler is not None
+        return P2PConnectorMetadata(self._scheduler.build_step())
+
+    def request_finished(self, request: Request, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
+        assert self._scheduler is not None
+        return self._scheduler.request_finished(request, (block_ids,))
+
+    def request_finished_all_groups(self, request: Request,
+                                    block_ids: tuple[list[int], ...]) -> tuple[bool, dict[str, Any] | None]:
+        assert self._scheduler is not None
+        return self._scheduler.request_finished(request, block_ids)
+
+    # ---- worker -------------------------------------------------------------------------------------------------
+    def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
+        assert self._worker is not None
+        self._worker.register_kv_caches(kv_caches)
+
+    def start_load_kv(self, forward_context: ForwardContext, **kwargs: Any) -> None:
+        assert self._worker is not None
+        metadata = self._get_connector_metadata()
+        assert isinstance(metadata, P2PConnectorMetadata)
+        self._worker.start_step(metadata.step)
+
+    def wait_for_layer_load(self, layer_name: str) -> None:
+        return
+
+    def save_kv_layer(self, layer_name: str, kv_layer: torch.Tensor, attn_metadata: AttentionMetadata,
+                      **kwargs: Any) -> None:
+        return
+
+    def wait_for_save(self) -> None:
+        return
+
+    def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
+        assert self._worker is not None
+        sending, recving = self._worker.get_finished()
+        return sending or None, recving or None
+
+    def get_transfer_results(self, finished_req_ids: set[str]) -> KVConnectorTransferResults:
+        assert self._worker is not None
+        sending, recving = self._worker.get_finished()
+        return KVConnectorTransferResults(finished_sending=sending, finished_recving=recving,
+                                          failed_recving=self._worker.take_failed_reqs())
+
+    def get_block_ids_with_load_errors(self) -> set[int]:
+        return self._worker.take_invalid_blocks() if self._worker is not None else set()
+
+    def get_kv_connector_stats(self) -> AscendKVConnectorStats | None:
+        return self._deltas.take(self._worker.stats()) if self._worker is not None else None
+
+    def connector_stats(self) -> dict[str, Any]:
+        """Cumulative counters of this half (worker: pulls, bytes, held blocks; scheduler: loaded tokens)."""
+        if self._worker is not None:
+            return self._worker.stats() | {"pulled": {k: v.__dict__ for k, v in self._worker.pulled.items()}}
+        assert self._scheduler is not None
+        return {"loaded_tokens": dict(self._scheduler.loaded_tokens)}
+
+    def shutdown(self) -> None:
+        if self._worker is not None:
+            self._worker.shutdown()

@@ -1,0 +1,1 @@
+"""Host-memory KV offloading: an LRU tier keyed by block hash and the connector's two halves."""

@@ -1,0 +1,1 @@
+"""Mooncake peer-to-peer KV transfer: schema, planning, the vLLM-free agent, and the connector's two halves."""

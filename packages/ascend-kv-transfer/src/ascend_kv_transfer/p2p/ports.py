@@ -1,0 +1,52 @@
+"""The side-channel port scheme: one port per worker, laid out by dp, then pp x pcp, then tp rank.
+
+`port = base + dp_rank * (tp * pp * pcp) + (pp_rank * pcp + pcp_rank) * tp + tp_rank`. The scheduler advertises the
+port of its engine's first worker (the `dp_rank` term); each decode worker adds its own rank offset, which is the
+same on both sides because the handshake insists on equal tp/pp/pcp sizes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, kw_only=True)
+class Ranks:
+    dp_rank: int = 0
+    tp_rank: int = 0
+    tp_size: int = 1
+    pp_rank: int = 0
+    pp_size: int = 1
+    pcp_rank: int = 0
+    pcp_size: int = 1
+
+    def __post_init__(self) -> None:
+        for rank, size in (("tp_rank", "tp_size"), ("pp_rank", "pp_size"), ("pcp_rank", "pcp_size")):
+            if not 0 <= getattr(self, rank) < getattr(self, size):
+                raise ValueError(f"{rank}={getattr(self, rank)} outside {size}={getattr(self, size)}")
+        if self.dp_rank < 0:
+            raise ValueError(f"dp_rank={self.dp_rank}")
+
+    @property
+    def engine_offset(self) -> int:
+        return self.dp_rank * self.tp_size * self.pp_size * self.pcp_size
+
+    @property
+    def worker_offset(self) -> int:
+        return (self.pp_rank * self.pcp_size + self.pcp_rank) * self.tp_size + self.tp_rank
+
+
+def engine_port(base: int, ranks: Ranks) -> int:
+    """The port a scheduler advertises in `kv_transfer_params` (its engine's first worker)."""
+    return _checked(base + ranks.engine_offset)
+
+
+def worker_port(base: int, ranks: Ranks) -> int:
+    """The port this worker's side channel binds."""
+    return _checked(base + ranks.engine_offset + ranks.worker_offset)
+
+
+def _checked(port: int) -> int:
+    if not 1 <= port <= 65535:
+        raise ValueError(f"side channel port {port} out of range; lower kv_connector_extra_config['side_channel_port']")
+    return port

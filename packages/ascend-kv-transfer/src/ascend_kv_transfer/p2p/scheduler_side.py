@@ -1,0 +1,136 @@
+"""Scheduler half of the P2P connector: decides what to pull and what to hold, speaks the router's params.
+
+`kv_transfer_params` follow vLLM's disaggregation router convention, so existing proxies drive this unchanged:
+the prefill request carries `{do_remote_decode: True, transfer_id?}` (a missing transfer_id is derived from the
+request id); the prefill's output params carry `{do_remote_prefill: True, remote_engine_id, remote_bootstrap_addr,
+remote_host, remote_port, transfer_id, remote_block_ids}` which the decode request passes back.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+from ascend_kv_transfer.options import MooncakeOptions
+from ascend_kv_transfer.p2p.ports import Ranks, engine_port
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class RecvJob:
+    transfer_id: str
+    address: tuple[str, int]
+    remote_engine_id: str
+    # Per KV cache group; empty lists mean "nothing to pull, just release the prefill's blocks".
+    local_block_ids: list[list[int]]
+
+
+@dataclass
+class SendJob:
+    transfer_id: str
+    block_ids: list[list[int]]
+
+
+@dataclass
+class P2PStep:
+    """What the scheduler tells the workers this step (the connector metadata's payload)."""
+
+    recv: dict[str, RecvJob] = field(default_factory=dict)
+    send: dict[str, SendJob] = field(default_factory=dict)
+    dropped_transfers: set[str] = field(default_factory=set)
+
+
+def parse_address(params: dict[str, Any]) -> tuple[str, int] | None:
+    addr = params.get("remote_bootstrap_addr")
+    if isinstance(addr, str) and ":" in addr:
+        host, _, port = addr.rpartition(":")
+        return host.strip("[]"), int(port)
+    if params.get("remote_host") and params.get("remote_port"):
+        return str(params["remote_host"]), int(params["remote_port"])
+    return None
+
+
+class P2PScheduler:
+    def __init__(self, *, engine_id: str, role: str, options: MooncakeOptions, ranks: Ranks, block_size: int):
+        self.engine_id = engine_id
+        self.is_producer = role in ("kv_producer", "kv_both")
+        self.is_consumer = role in ("kv_consumer", "kv_both")
+        self.options = options
+        self.port = engine_port(options.side_channel_port, ranks)
+        self.block_size = block_size
+        self._step = P2PStep()
+        # request id -> external tokens scheduled for loading (the "did not recompute" evidence).
+        self.loaded_tokens: dict[str, int] = {}
+
+    # ---- decode side --------------------------------------------------------------------------------------------
+    def get_num_new_matched_tokens(self, request: Any, num_computed_tokens: int) -> tuple[int, bool]:
+        params = request.kv_transfer_params
+        if not params or not params.get("do_remote_prefill"):
+            return 0, False
+        if not self.is_consumer:
+            raise ValueError(f"request {request.request_id} asks to load remote KV (do_remote_prefill) but this "
+                             "engine's kv_role is not kv_consumer/kv_both")
+        count = len(request.prompt_token_ids or ()) - num_computed_tokens
+        return (count, True) if count > 0 else (0, False)
+
+    def update_state_after_alloc(self, request: Any, blocks: Any, num_external_tokens: int) -> None:
+        params = request.kv_transfer_params
+        if not params:
+            return
+        if params.get("do_remote_prefill"):
+            address = parse_address(params)
+            if address is None or not params.get("transfer_id"):
+                logger.warning("request %s: do_remote_prefill without remote_bootstrap_addr/remote_host+port or "
+                               "transfer_id (%s); computing it locally", request.request_id, sorted(params))
+            else:
+                local = ([list(ids) for ids in blocks.get_unhashed_block_ids_all_groups()]
+                         if num_external_tokens > 0 else [])
+                self._step.recv[request.request_id] = RecvJob(str(params["transfer_id"]), address,
+                                                             str(params.get("remote_engine_id", "")), local)
+                self.loaded_tokens[request.request_id] = num_external_tokens
+            params["do_remote_prefill"] = False  # one transfer per request, even if it is rescheduled
+
+    def request_finished(self, request: Any, block_ids: tuple[list[int], ...]) -> tuple[bool, dict[str, Any] | None]:
+        params = request.kv_transfer_params
+        if not params:
+            return False, None
+        if params.get("do_remote_prefill"):
+            # Finished before it was scheduled (aborted): release the prefill's blocks without pulling.
+            address = parse_address(params)
+            if address is not None and params.get("transfer_id"):
+                self._step.recv[request.request_id] = RecvJob(str(params["transfer_id"]), address,
+                                                             str(params.get("remote_engine_id", "")), [])
+            params["do_remote_prefill"] = False
+            return False, None
+        if not params.get("do_remote_decode") or not self.is_producer:
+            return False, None
+        transfer_id = str(params.get("transfer_id") or f"xfer-{request.request_id}")
+        if not _finished_normally(request):
+            self._step.dropped_transfers.add(transfer_id)
+            return False, None
+        groups = [list(ids) for ids in block_ids]
+        if not any(groups):
+            return False, None
+        self._step.send[request.request_id] = SendJob(transfer_id, groups)
+        host = self.options.side_channel_host
+        return True, {
+            "do_remote_prefill": True,
+            "do_remote_decode": False,
+            "remote_engine_id": self.engine_id,
+            "remote_bootstrap_addr": f"{host}:{self.port}",
+            "remote_host": host,
+            "remote_port": self.port,
+            "transfer_id": transfer_id,
+            "remote_block_ids": groups[0],
+        }
+
+    def build_step(self) -> P2PStep:
+        step, self._step = self._step, P2PStep()
+        return step
+
+
+def _finished_normally(request: Any) -> bool:
+    """Only a prefill that ran to its token budget or a stop leaves KV worth handing over (not aborted/errored)."""
+    return getattr(request.status, "name", "") in ("FINISHED_LENGTH_CAPPED", "FINISHED_STOPPED")

@@ -1,0 +1,123 @@
+"""The typed, versioned messages prefill and decode agents exchange over the ZMQ side channel.
+
+Every message is a tagged msgspec struct carrying the schema version; a peer speaking another version is refused
+with an error naming both versions instead of being decoded into something half right.
+"""
+
+from __future__ import annotations
+
+import enum
+
+import msgspec
+
+SCHEMA_VERSION = 1
+
+
+class LayerRegion(msgspec.Struct, frozen=True):
+    """Where one layer's pages live in an agent's registered memory.
+
+    Block `b` of the layer is the `page_bytes` bytes at `base_addr + b * block_stride`.
+    """
+
+    name: str
+    base_addr: int
+    block_stride: int
+    page_bytes: int
+    num_blocks: int
+    # Index of the KV cache group whose block ids address this layer.
+    group: int = 0
+
+
+class KVGeometry(msgspec.Struct, frozen=True):
+    """What must be equal on both sides for the bytes of a block to mean the same thing."""
+
+    block_size: int
+    dtype: str
+    num_kv_heads: int
+    head_size: int
+    layout: str
+    tp_size: int = 1
+    pp_size: int = 1
+    pcp_size: int = 1
+
+
+class AgentMetadata(msgspec.Struct, frozen=True):
+    engine_id: str
+    host: str
+    rpc_port: int
+    geometry: KVGeometry
+    regions: list[LayerRegion]
+    tp_rank: int = 0
+    pp_rank: int = 0
+    pcp_rank: int = 0
+
+
+class ClaimStatus(enum.IntEnum):
+    OK = 0
+    # The prefill worker has not yet been told about the transfer (its engine step is in flight): ask again.
+    NOT_READY = 1
+    UNKNOWN = 2
+    EXPIRED = 3
+
+
+class Message(msgspec.Struct, tag=True, frozen=True):
+    version: int = SCHEMA_VERSION
+
+
+class MetadataRequest(Message, tag="metadata_request"):
+    requester: str = ""
+
+
+class MetadataResponse(Message, tag="metadata_response"):
+    metadata: AgentMetadata | None = None
+
+
+class ClaimRequest(Message, tag="claim"):
+    transfer_id: str = ""
+    requester: str = ""
+
+
+class ClaimResponse(Message, tag="claim_response"):
+    status: ClaimStatus = ClaimStatus.UNKNOWN
+    # One list of block ids per KV cache group, in the prefill engine's numbering.
+    block_ids: list[list[int]] = msgspec.field(default_factory=list)
+
+
+class DoneNotice(Message, tag="done"):
+    """The decode side finished with a transfer (`ok=False`: gave up); the prefill side frees its blocks."""
+
+    transfer_id: str = ""
+    ok: bool = True
+
+
+class Ack(Message, tag="ack"):
+    pass
+
+
+class ErrorResponse(Message, tag="error"):
+    error: str = ""
+
+
+AnyMessage = MetadataRequest | MetadataResponse | ClaimRequest | ClaimResponse | DoneNotice | Ack | ErrorResponse
+
+_encoder = msgspec.msgpack.Encoder()
+_decoder = msgspec.msgpack.Decoder(AnyMessage)
+
+
+class SchemaError(RuntimeError):
+    """A side-channel message could not be decoded or speaks another schema version."""
+
+
+def encode(message: Message) -> bytes:
+    return _encoder.encode(message)
+
+
+def decode(data: bytes) -> AnyMessage:
+    try:
+        message = _decoder.decode(data)
+    except msgspec.DecodeError as e:
+        raise SchemaError(f"undecodable side-channel message: {e}") from e
+    if message.version != SCHEMA_VERSION:
+        raise SchemaError(f"side-channel schema version {message.version} from peer, this agent speaks "
+                          f"version {SCHEMA_VERSION}")
+    return message

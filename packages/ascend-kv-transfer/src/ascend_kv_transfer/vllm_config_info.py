@@ -1,0 +1,64 @@
+"""What the connectors read from vLLM's configs: KV geometry, parallel ranks, layer-to-group mapping."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ascend_kv_transfer.p2p.ports import Ranks
+from ascend_kv_transfer.p2p.schema import KVGeometry
+
+
+def layer_groups(kv_cache_config: Any) -> dict[str, int]:
+    """Layer name -> index of its KV cache group."""
+    return {name: gid for gid, group in enumerate(kv_cache_config.kv_cache_groups) for name in group.layer_names}
+
+
+def _attention_spec(kv_cache_config: Any) -> Any:
+    for group in kv_cache_config.kv_cache_groups:
+        spec = group.kv_cache_spec
+        specs = getattr(spec, "kv_cache_specs", None)  # UniformTypeKVCacheSpecs wraps per-layer specs
+        if specs:
+            spec = next(iter(specs.values()))
+        if hasattr(spec, "num_kv_heads") and hasattr(spec, "head_size"):
+            return spec
+    raise ValueError("no attention KV cache group with num_kv_heads/head_size in kv_cache_config")
+
+
+def kv_geometry(vllm_config: Any, kv_cache_config: Any) -> KVGeometry:
+    spec = _attention_spec(kv_cache_config)
+    parallel = vllm_config.parallel_config
+    return KVGeometry(
+        block_size=int(vllm_config.cache_config.block_size),
+        dtype=str(spec.dtype).removeprefix("torch."),
+        num_kv_heads=int(spec.num_kv_heads),
+        head_size=int(spec.head_size),
+        layout=str(getattr(kv_cache_config, "kv_cache_layout", None) or "default"),
+        tp_size=int(parallel.tensor_parallel_size),
+        pp_size=int(parallel.pipeline_parallel_size),
+        pcp_size=int(getattr(parallel, "prefill_context_parallel_size", 1) or 1),
+    )
+
+
+def _dp_rank(parallel: Any) -> int:
+    if parallel.local_engines_only:
+        return int(parallel.data_parallel_rank_local or 0)
+    return int(getattr(parallel, "data_parallel_index", 0) or 0)
+
+
+def engine_ranks(vllm_config: Any) -> Ranks:
+    """Ranks as the scheduler knows them (its engine's first worker)."""
+    parallel = vllm_config.parallel_config
+    return Ranks(dp_rank=_dp_rank(parallel), tp_size=int(parallel.tensor_parallel_size),
+                 pp_size=int(parallel.pipeline_parallel_size),
+                 pcp_size=int(getattr(parallel, "prefill_context_parallel_size", 1) or 1))
+
+
+def worker_ranks(vllm_config: Any) -> Ranks:
+    """This worker's ranks, read from vLLM's initialised process groups."""
+    from vllm.distributed.parallel_state import get_pcp_group, get_pp_group, get_tp_group
+
+    base = engine_ranks(vllm_config)
+    pcp_rank = get_pcp_group().rank_in_group if base.pcp_size > 1 else 0
+    return Ranks(dp_rank=base.dp_rank, tp_rank=get_tp_group().rank_in_group, tp_size=base.tp_size,
+                 pp_rank=get_pp_group().rank_in_group, pp_size=base.pp_size, pcp_rank=pcp_rank,
+                 pcp_size=base.pcp_size)
