@@ -1,3 +1,1 @@
 """ascend-vllm: the meta-package that installs a consistent set of the Ascend plugin's packages, and its CLI."""
-
-__version__ = "0.1.0"
