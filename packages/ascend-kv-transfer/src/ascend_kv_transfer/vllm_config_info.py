@@ -62,3 +62,15 @@ def worker_ranks(vllm_config: Any) -> Ranks:
     return Ranks(dp_rank=base.dp_rank, tp_rank=get_tp_group().rank_in_group, tp_size=base.tp_size,
                  pp_rank=get_pp_group().rank_in_group, pp_size=base.pp_size, pcp_rank=pcp_rank,
                  pcp_size=base.pcp_size)
+
+
+def bytes_per_block(kv_cache_config: Any) -> int:
+    """Bytes one block occupies across every layer (the unit the host tier's byte budget is counted in)."""
+    total = 0
+    for group in kv_cache_config.kv_cache_groups:
+        specs = getattr(group.kv_cache_spec, "kv_cache_specs", None)
+        if specs:
+            total += sum(specs[name].page_size_bytes for name in group.layer_names)
+        else:
+            total += group.kv_cache_spec.page_size_bytes * len(group.layer_names)
+    return total

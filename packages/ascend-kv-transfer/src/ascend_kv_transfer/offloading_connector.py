@@ -1,0 +1,128 @@
+"""`AscendOffloadingConnector`: KV blocks kept in a host-memory tier keyed by block hash, reloaded on a prefix hit.
+
+Runs wherever torch can copy between the device and host memory (vLLM's own OffloadingConnector and
+SimpleCPUOffloadConnector refuse vLLM's CPU build). One KV cache group only; options: `host_bytes`.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from vllm.distributed.kv_transfer.kv_connector.v1.base import (
+    KVConnectorBase_V1,
+    KVConnectorMetadata,
+    KVConnectorRole,
+    SupportsHMA,
+)
+from vllm.logger import init_logger
+from vllm.v1.metrics.cache_hit_source import CacheHitSource
+
+from ascend_kv_transfer.offload.lru import HostTierIndex
+from ascend_kv_transfer.offload.scheduler_side import OffloadScheduler, OffloadStep
+from ascend_kv_transfer.offload.worker_side import OffloadWorker
+from ascend_kv_transfer.options import OffloadOptions, parse_options
+from ascend_kv_transfer.stats import AscendKVConnectorStats, CounterDeltas
+from ascend_kv_transfer.vllm_config_info import bytes_per_block, layer_groups
+
+if TYPE_CHECKING:
+    import torch
+    from vllm.config import VllmConfig
+    from vllm.forward_context import ForwardContext
+    from vllm.v1.attention.backend import AttentionMetadata
+    from vllm.v1.core.kv_cache_manager import KVCacheBlocks
+    from vllm.v1.core.sched.output import SchedulerOutput
+    from vllm.v1.kv_cache_interface import KVCacheConfig
+    from vllm.v1.request import Request
+
+logger = init_logger(__name__)
+
+
+class OffloadConnectorMetadata(KVConnectorMetadata):
+    def __init__(self, step: OffloadStep):
+        self.step = step
+
+
+class AscendOffloadingConnector(KVConnectorBase_V1, SupportsHMA):
+    _cache_hit_source = CacheHitSource.HOST
+
+    def __init__(self, vllm_config: VllmConfig, role: KVConnectorRole, kv_cache_config: KVCacheConfig):
+        super().__init__(vllm_config, role, kv_cache_config)
+        options = parse_options(OffloadOptions, vllm_config.kv_transfer_config.kv_connector_extra_config)
+        if len(kv_cache_config.kv_cache_groups) != 1:
+            raise ValueError(f"AscendOffloadingConnector supports one KV cache group, this model has "
+                             f"{len(kv_cache_config.kv_cache_groups)}")
+        per_block = bytes_per_block(kv_cache_config)
+        index = HostTierIndex(options.host_bytes, per_block)
+        self._scheduler: OffloadScheduler | None = None
+        self._worker: OffloadWorker | None = None
+        if role == KVConnectorRole.SCHEDULER:
+            self._scheduler = OffloadScheduler(index=index, block_size=vllm_config.cache_config.block_size)
+        else:
+            self._worker = OffloadWorker(num_slots=index.num_slots, num_blocks=kv_cache_config.num_blocks,
+                                         layers=set(layer_groups(kv_cache_config)))
+        self._deltas = CounterDeltas()
+
+    @property
+    def requires_kv_delivery(self) -> bool:
+        return False  # a dropped store is only a future cache miss
+
+    @classmethod
+    def build_kv_connector_stats(cls, data: dict[str, Any] | None = None) -> AscendKVConnectorStats:
+        return AscendKVConnectorStats(data=data or {})
+
+    # ---- scheduler ----------------------------------------------------------------------------------------------
+    def get_num_new_matched_tokens(self, request: Request, num_computed_tokens: int) -> tuple[int | None, bool]:
+        assert self._scheduler is not None
+        return self._scheduler.get_num_new_matched_tokens(request, num_computed_tokens)
+
+    def update_state_after_alloc(self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int) -> None:
+        assert self._scheduler is not None
+        self._scheduler.update_state_after_alloc(request, blocks, num_external_tokens)
+
+    def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
+        assert self._scheduler is not None
+        return OffloadConnectorMetadata(self._scheduler.build_step())
+
+    def request_finished(self, request: Request, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
+        assert self._scheduler is not None
+        return self._scheduler.request_finished(request, (block_ids,))
+
+    def request_finished_all_groups(self, request: Request,
+                                    block_ids: tuple[list[int], ...]) -> tuple[bool, dict[str, Any] | None]:
+        assert self._scheduler is not None
+        return self._scheduler.request_finished(request, block_ids)
+
+    # ---- worker -------------------------------------------------------------------------------------------------
+    def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
+        assert self._worker is not None
+        self._worker.register_kv_caches(kv_caches)
+
+    def start_load_kv(self, forward_context: ForwardContext, **kwargs: Any) -> None:
+        assert self._worker is not None
+        metadata = self._get_connector_metadata()
+        assert isinstance(metadata, OffloadConnectorMetadata)
+        self._worker.run_step(metadata.step)
+
+    def wait_for_layer_load(self, layer_name: str) -> None:
+        return
+
+    def save_kv_layer(self, layer_name: str, kv_layer: torch.Tensor, attn_metadata: AttentionMetadata,
+                      **kwargs: Any) -> None:
+        return
+
+    def wait_for_save(self) -> None:
+        return
+
+    def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
+        assert self._worker is not None
+        return self._worker.take_finished_stores() or None, None
+
+    def get_kv_connector_stats(self) -> AscendKVConnectorStats | None:
+        return self._deltas.take(dict(self._worker.stats.__dict__)) if self._worker is not None else None
+
+    def connector_stats(self) -> dict[str, Any]:
+        if self._worker is not None:
+            return dict(self._worker.stats.__dict__)
+        assert self._scheduler is not None
+        return dict(self._scheduler.stats.__dict__) | {"tier_blocks": len(self._scheduler.index),
+                                                      "evictions": self._scheduler.index.evictions}
