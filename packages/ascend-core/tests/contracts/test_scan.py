@@ -118,3 +118,10 @@ def test_our_sources_are_fully_pinned() -> None:
     first = {(p, u.symbol): u for p, us in result.unpinned.items() for u in reversed(us)}
     assert result.ok, "vLLM symbols used without a pin (add [[pins]] to the package's upstream_pins.toml):\n" + \
         "\n".join(f"  {p}: {s} ({u.how}, {u.file}:{u.line})" for (p, s), u in sorted(first.items()))
+
+
+def test_python_attributes_end_a_chain() -> None:
+    text = "from vllm.platforms.cpu import CpuPlatform\nf = CpuPlatform.check_and_update_config.__func__\n"
+    found = {u.symbol for u in scan_source(text)}
+    assert "vllm.platforms.cpu.CpuPlatform.check_and_update_config" in found
+    assert not any("__func__" in s for s in found)

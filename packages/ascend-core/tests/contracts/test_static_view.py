@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -71,3 +72,63 @@ def test_only_the_modules_a_lookup_needs_are_parsed(new_tree: Path) -> None:
 def test_open_source_rejects_what_is_not_vllm(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError, match="neither a vLLM wheel"):
         open_source(tmp_path)
+
+
+RUNTIME_BOUND = {
+    "vllm/__init__.py": "",
+    "vllm/platforms/__init__.py": """
+        from typing import TYPE_CHECKING
+        from vllm.platforms.interface import Platform
+        from dataclasses import KW_ONLY, dataclass, field
+
+        if TYPE_CHECKING:
+            current_platform: Platform
+        else:
+            def __getattr__(name):
+                if name == "current_platform":
+                    return Platform()
+                if name in ("lazy_thing",):
+                    return 1
+                raise AttributeError(name)
+
+        class _Registry:
+            def register_model(self, name, cls):
+                pass
+
+        ModelRegistry = _Registry()
+        ENV = "VLLM_DEVICE"
+
+        @dataclass
+        class Options:
+            a: int
+            b: int = field(default=0, kw_only=True)
+            _: KW_ONLY
+            c: str = "x"
+    """,
+    "vllm/platforms/interface.py": """
+        class Platform:
+            env_var = ENV_NAME
+            def set_device(self, device):
+                pass
+
+        ENV_NAME = "VLLM_DEVICE"
+    """,
+}
+
+
+def test_runtime_bound_names_instances_and_keyword_only_fields(tmp_path: Path) -> None:
+    root = tmp_path / "rt"
+    for rel, text in RUNTIME_BOUND.items():
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(textwrap.dedent(text).lstrip("\n"))
+    view = _view(root)
+    # `current_platform: Platform` (annotation) and `ModelRegistry = _Registry()` (instance) reach their classes
+    assert view.resolve("vllm.platforms.current_platform.set_device").signature == ("device",)
+    assert view.resolve("vllm.platforms.ModelRegistry.register_model").signature == ("name", "cls")
+    # a module __getattr__ name exists but is opaque
+    lazy = view.resolve("vllm.platforms.lazy_thing")
+    assert isinstance(lazy, Shape) and lazy.dynamic
+    # a class attribute naming a module constant reads as the constant's value
+    assert view.resolve("vllm.platforms.interface.Platform.env_var").value == "'VLLM_DEVICE'"
+    assert view.resolve("vllm.platforms.Options").signature == ("a", "*", "b=0", "c='x'")

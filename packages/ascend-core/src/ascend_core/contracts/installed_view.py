@@ -8,6 +8,7 @@ import error instead of a bare AttributeError. Looking for where a gone symbol w
 from __future__ import annotations
 
 import dataclasses
+import enum
 import importlib
 import inspect
 from pathlib import Path
@@ -32,6 +33,15 @@ def _params(obj: Any) -> tuple[Param, ...] | None:
         return tuple(_param(p) for p in inspect.signature(obj).parameters.values())
     except (TypeError, ValueError):  # builtins without a signature
         return None
+
+
+def _class_params(cls: type) -> tuple[Param, ...] | None:
+    """The constructor parameters vLLM itself defines (an `__init__` of a vLLM class in the MRO, dataclass ones
+    included); like the static view, a constructor inherited from outside vLLM (Enum, object, torch) is unknown."""
+    for klass in inspect.getmro(cls):
+        if klass.__module__.split(".")[0] == "vllm" and "__init__" in vars(klass):
+            return _params(vars(klass)["__init__"])
+    return None
 
 
 def _class_members(cls: type) -> frozenset[str]:
@@ -118,9 +128,11 @@ class InstalledView:
         if inspect.ismodule(obj):
             return Shape(symbol, "module", frozenset(dir(obj)), where=_where(obj))
         if inspect.isclass(obj):
-            return Shape(symbol, "class", _class_members(obj), _params(obj), where=_where(obj))
+            return Shape(symbol, "class", _class_members(obj), _class_params(obj), where=_where(obj))
         if callable(obj):
             return Shape(symbol, "function", params=_params(obj), where=_where(obj))
+        if isinstance(obj, enum.Enum):  # an enum member: its value, as the source spells it
+            obj = obj.value
         value = normalize_literal(repr(obj)) if isinstance(obj, _LITERAL_TYPES) else None
         return Shape(symbol, "attribute", value=value, where=_where(owner) if owner is not None else "")
 

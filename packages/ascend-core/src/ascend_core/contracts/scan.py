@@ -20,6 +20,10 @@ from ascend_core.contracts.shapes import normalize_literal
 _DOTTED = re.compile(r"^vllm(\.[A-Za-z_]\w*)+$")
 _COLON = re.compile(r"^(vllm(?:\.[A-Za-z_]\w*)*):([A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*)$")
 _IDENT = re.compile(r"^[A-Za-z_]\w*$")
+# Python's own attributes end a chain: `Cls.method.__func__` relies on `Cls.method`, not on vLLM's `__func__`.
+_PYTHON_ATTRS = frozenset({"__func__", "__name__", "__qualname__", "__module__", "__doc__", "__dict__", "__wrapped__",
+                           "__self__", "__class__", "__mro__", "__bases__", "__annotations__", "__signature__",
+                           "__dataclass_fields__", "__code__", "__defaults__", "__kwdefaults__", "__members__"})
 _ATTR_FUNCS = {"getattr": "attribute", "hasattr": "attribute", "setattr": "patch", "delattr": "patch"}
 
 
@@ -85,9 +89,14 @@ class _FileScanner:
         while isinstance(expr, ast.Attribute):
             names.append(expr.attr)
             expr = expr.value
-        if isinstance(expr, ast.Name) and expr.id in self.aliases:
-            return ".".join([self.aliases[expr.id], *reversed(names)])
-        return None
+        if not (isinstance(expr, ast.Name) and expr.id in self.aliases):
+            return None
+        parts = [self.aliases[expr.id]]
+        for name in reversed(names):
+            if name in _PYTHON_ATTRS:
+                break
+            parts.append(name)
+        return ".".join(parts)
 
     def _attributes(self) -> None:
         for node in ast.walk(self.tree):

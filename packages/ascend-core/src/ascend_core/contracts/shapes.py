@@ -62,6 +62,8 @@ class Shape:
     params: tuple[Param, ...] | None = None
     value: str | None = None
     where: str = ""
+    # Bound at run time (a module `__getattr__`): it exists, but its members cannot be read from source.
+    dynamic: bool = False
 
     @property
     def signature(self) -> tuple[str, ...] | None:

@@ -73,6 +73,19 @@ def _collect_bindings(body: list[ast.stmt], into: dict[str, tuple[Any, ...]]) ->
             _collect_bindings(stmt.body, into)
 
 
+def _lazy_names(binding: tuple[Any, ...] | None) -> set[str]:
+    """Names a module-level `__getattr__` hands out, read from the string constants it compares `name` with."""
+    if binding is None or binding[0] != "function":
+        return set()
+    names = set()
+    for node in ast.walk(binding[1]):
+        if isinstance(node, ast.Compare):
+            for part in (node.left, *node.comparators):
+                elements = part.elts if isinstance(part, ast.Tuple | ast.List | ast.Set) else [part]
+                names.update(e.value for e in elements if isinstance(e, ast.Constant) and isinstance(e.value, str))
+    return names
+
+
 def _dotted(expr: ast.expr) -> list[str] | None:
     if isinstance(expr, ast.Subscript):  # Generic[T], Base[int]
         expr = expr.value
@@ -117,17 +130,18 @@ def _dataclass_options(cls: ast.ClassDef) -> dict[str, bool] | None:
     return None
 
 
-def _field_default(value: ast.expr | None) -> tuple[bool, str | None]:
-    """`(in __init__, default)` of a dataclass field's right-hand side."""
+def _field_default(value: ast.expr | None) -> tuple[bool, str | None, bool | None]:
+    """`(in __init__, default, kw_only or None when not said)` of a dataclass field's right-hand side."""
     if isinstance(value, ast.Call) and (_dotted(value.func) or [""])[-1] == "field":
         kws = {kw.arg: kw.value for kw in value.keywords}
-        init = kws.get("init")
+        init, kw_only = kws.get("init"), kws.get("kw_only")
+        kw_only_flag = bool(kw_only.value) if isinstance(kw_only, ast.Constant) else None
         if isinstance(init, ast.Constant) and init.value is False:
-            return False, None
+            return False, None, kw_only_flag
         if "default" in kws:
-            return True, _default(kws["default"])
-        return True, "..." if "default_factory" in kws else None
-    return True, _default(value)
+            return True, _default(kws["default"]), kw_only_flag
+        return True, "..." if "default_factory" in kws else None, kw_only_flag
+    return True, _default(value), None
 
 
 class StaticView:
@@ -192,6 +206,8 @@ class StaticView:
             return Missing(symbol, mod.error)
         binding = mod.bindings.get(rest[0])
         if binding is None:
+            if rest[0] in _lazy_names(mod.bindings.get("__getattr__")):
+                return _Target("dynamic", mod)
             return Missing(symbol, f"{mod.name} has no {rest[0]!r}")
         tail = "".join(f".{r}" for r in rest[1:])
         kind = binding[0]
@@ -208,6 +224,14 @@ class StaticView:
         names = _dotted(value) if isinstance(value, ast.Name | ast.Attribute) else None
         if names:  # `Alias = Original`
             return self._locate_in(mod, names + rest[1:], symbol, depth + 1)
+        # `Registry = _Registry(...)` or `current_platform: Platform`: look inside the instance's class
+        stmt = binding[2]
+        maker = value.func if isinstance(value, ast.Call) else stmt.annotation if isinstance(stmt, ast.AnnAssign) \
+            and value is None else None
+        if len(rest) > 1 and maker is not None and _dotted(maker):
+            made = self._locate_in(mod, _dotted(maker), symbol, depth + 1)
+            if isinstance(made, _Target) and made.kind == "class":
+                return self._locate_in_class(made, rest[1:], symbol, depth)
         if len(rest) == 1:
             return _Target("value", mod, binding)
         return Missing(symbol, f"{mod.name}.{rest[0]} is assigned at run time; cannot follow it statically")
@@ -264,13 +288,19 @@ class StaticView:
                 inherited = [p for p in inherited if p.name not in {b.name for b in base_params}] + list(base_params)
         if options is None:
             return tuple(inherited) or None
-        kind = "keyword_only" if options.get("kw_only") else "positional_or_keyword"
+        kw_only = bool(options.get("kw_only"))
         fields: dict[str, Param] = {p.name: p for p in inherited}
         for stmt in cls.node.body:
             if isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name):
-                if "ClassVar" in ast.unparse(stmt.annotation):
+                annotation = ast.unparse(stmt.annotation)
+                if "ClassVar" in annotation:
                     continue
-                init, default = _field_default(stmt.value) if stmt.value is not None else (True, None)
+                if annotation.endswith("KW_ONLY"):  # `_: KW_ONLY` makes the fields after it keyword-only
+                    kw_only = True
+                    continue
+                init, default, own_kw_only = _field_default(stmt.value) if stmt.value is not None \
+                    else (True, None, None)
+                kind = "keyword_only" if (kw_only if own_kw_only is None else own_kw_only) else "positional_or_keyword"
                 if init:
                     fields[stmt.target.id] = Param(stmt.target.id, kind, default)
         # dataclasses put keyword-only fields after the others, each group in definition order
@@ -283,6 +313,8 @@ class StaticView:
         if isinstance(found, Missing):
             return found
         mod = found.module
+        if found.kind == "dynamic":
+            return Shape(symbol, "attribute", where=f"{mod.file} (module __getattr__)", dynamic=True)
         if found.kind == "module":
             return Shape(symbol, "module", frozenset(mod.bindings), where=mod.file)
         where = f"{mod.file}:{getattr(found.node, 'lineno', 0)}" if found.kind != "value" else mod.file
@@ -295,6 +327,11 @@ class StaticView:
         if found.kind == "function":
             return Shape(symbol, "function", params=params_of(found.node.args), where=where)
         value = found.node[1]
+        names = _dotted(value) if isinstance(value, ast.Name | ast.Attribute) else None
+        if names:  # `device_control_env_var = DEVICE_CONTROL_ENV_VAR`: the constant's value
+            target = self._locate_in(mod, names, symbol, 1)
+            if isinstance(target, _Target) and target.kind == "value":
+                value = target.node[1]
         return Shape(symbol, "attribute", value=None if value is None else _default(value), where=where)
 
     def find_elsewhere(self, symbol: str, candidates: tuple[str, ...] = ()) -> str | None:
