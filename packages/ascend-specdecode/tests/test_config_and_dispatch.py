@@ -89,8 +89,8 @@ def test_dispatch_order_and_classes():
             self.method = method
             self.draft_model_config = type("D", (), {"architectures": list(archs)})()
 
-    from vllm.v1.worker.gpu.spec_decode.dflash2.speculator import DFlash2Speculator
     from vllm.v1.worker.gpu.spec_decode.dflash.speculator import DFlashSpeculator
+    from vllm.v1.worker.gpu.spec_decode.dflash2.speculator import DFlash2Speculator
     from vllm.v1.worker.gpu.spec_decode.dspark.speculator import DSparkSpeculator
     from vllm.v1.worker.gpu.spec_decode.eagle.speculator import EagleSpeculator
     from vllm.v1.worker.gpu.spec_decode.mtp.speculator import MTPSpeculator

@@ -6,9 +6,11 @@ accepts, offline, next to the target:
 - ``draft_model``: a full Llama. The self-draft is the target folder itself; a random draft has fresh weights.
 - ``eagle`` (EAGLE-1, ``EagleLlamaForCausalLM``): ``fc`` over ``[embedding; target hidden]`` then decoder layers, no
   final norm, lm_head and embeddings shared with the target. A self-draft needs an *EAGLE-compatible target*: a Llama
-  whose embedding rows have unit RMS and whose first input norm and final norm weights are folded into the adjacent
-  projections. Then ``fc = [I, 0]`` plus the target's own layers computes the target's logits up to a positive factor
-  per token (same argmax), except that the draft never sees the prompt's first token (EAGLE shifts inputs by one).
+  whose embedding rows have unit RMS, whose first input norm and final norm weights are folded into the adjacent
+  projections, and whose layers attend through a sliding window. Then ``fc = [I, 0]`` plus the target's own layers
+  computes the target's logits up to a positive factor per token (same argmax). The window is what makes that exact:
+  EAGLE shifts its inputs by one, so the draft never sees the prompt's first token; with a window the target does
+  not see it either once the prompt is longer than the receptive field (layers * (window - 1) + 1 tokens).
 - ``dflash`` (``DFlashDraftModel`` on Qwen3 layers): random weights only; a DFlash draft predicts a block in parallel
   from target features, so no weight choice makes it equal the target.
 
@@ -59,20 +61,24 @@ def _num_layers(config: dict) -> int:
     return int(config["num_hidden_layers"])
 
 
-def eagle_compatible_target(target: str | os.PathLike, out: str | os.PathLike | None = None) -> Path:
+def eagle_compatible_target(
+    target: str | os.PathLike, out: str | os.PathLike | None = None, *, sliding_window: int = 4
+) -> Path:
     """A Llama computing what an EAGLE-1 draft built from its own layers can reproduce (see module docstring).
 
     Embedding rows are rescaled to unit RMS (so the first input norm is the identity up to eps), the first input norm
-    weight is folded into q/k/v, and the final norm weight into the lm_head (EAGLE-1 has no final norm; a positive
-    per-token scale leaves the argmax unchanged).
+    weight is folded into q/k/v, the final norm weight into the lm_head (EAGLE-1 has no final norm; a positive
+    per-token scale leaves the argmax unchanged), and every layer attends through `sliding_window` tokens.
     """
     import torch
 
     target = Path(target)
-    folder = Path(out) if out else target.with_name(target.name + "-eaglecompat")
+    folder = Path(out) if out else target.with_name(target.name + f"-eaglecompat-w{sliding_window}")
     if _done(folder):
         return folder
     config, w = _load(target)
+    config["layer_types"] = ["sliding_attention"] * _num_layers(config)
+    config["sliding_window"] = sliding_window
     emb = w["model.embed_tokens.weight"].float()
     w["model.embed_tokens.weight"] = emb / emb.pow(2).mean(-1, keepdim=True).sqrt()
     w0 = w["model.layers.0.input_layernorm.weight"].float()
@@ -114,7 +120,9 @@ def eagle_draft(
             value = tw[key]
             fresh = torch.ones_like(value) if value.ndim == 1 else torch.randn(value.shape, generator=gen)
             draft[key.removeprefix("model.")] = fresh
-    return _save(folder, dict(config), draft, tokenizer_from=target)
+    # Draft layers are numbered after the target's; vLLM reads their window from layer_types relative to this.
+    config = dict(config, target_layer_count=_num_layers(config))
+    return _save(folder, config, draft, tokenizer_from=target)
 
 
 def random_llama_draft(target: str | os.PathLike, out: str | os.PathLike, *, seed: int = 4321) -> Path:
