@@ -9,7 +9,9 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from vllm.v1.kv_cache_interface import FullAttentionSpec, MambaSpec, SlidingWindowSpec
 
+from ascend_core.kv.specs import AscendMLAAttentionSpec, AscendSparseIndexerSpec
 from ascend_core.upstream import kv_tensor_geometry, kv_tensor_layers
 from ascend_core.upstream.kv_page import kv_tensor_shares_config_backing
 
@@ -103,7 +105,7 @@ def _page_sites(config, alloc, mode):
         for index, name in enumerate(kv_tensor_layers(tensor)):
             gid, spec = specs[name]
             h, n, c = kv_spec_page_shape(spec)
-            stride = block_stride or h * n * c
+            stride = block_stride or max(h * n * c, getattr(spec, "page_size_padded", None) or 0)
             start = offset + (index * layer_stride if shares else 0)
             sites.setdefault(gid, []).append((name, storage_of[name].tensor, start, stride, h * n * c))
     return sites
@@ -174,3 +176,73 @@ def replace_tensor(config, index, **changes):
 @pytest.fixture(scope="session")
 def edit_tensor():
     return replace_tensor
+
+
+# The model shapes the plugin serves: each builder returns (layer specs, planner memory, EAGLE draft layer).
+MiB = 1 << 20
+
+
+def _attn(i: int) -> str:
+    return f"model.layers.{i}.self_attn.attn"
+
+
+def dense_gqa():
+    return {_attn(i): FullAttentionSpec(block_size=32, num_kv_heads=2, head_size=64, dtype=torch.bfloat16)
+            for i in range(4)}, 4 * MiB, None
+
+
+def sliding_window_hybrid():
+    specs = {}
+    for i in range(6):
+        kw = dict(block_size=32, num_kv_heads=2, head_size=32, dtype=torch.float32)
+        specs[_attn(i)] = (FullAttentionSpec(**kw) if i % 3 == 2 else SlidingWindowSpec(sliding_window=64, **kw))
+    return specs, 4 * MiB, None
+
+
+def mla_ratio1():
+    return {_attn(i): AscendMLAAttentionSpec.create(block_size=32, num_kv_heads=1, head_size=576,
+                                                    dtype=torch.bfloat16, rope_head_dim=64)
+            for i in range(3)}, 4 * MiB, None
+
+
+def mla_ratio4():
+    """DeepSeek-V4-like: C8 latent compressed 4:1 with scales, plus the sparse indexer cache (mixed page sizes)."""
+    specs = {}
+    for i in range(4):
+        specs[_attn(i)] = AscendMLAAttentionSpec.create(
+            ratio=4, block_size=64, num_kv_heads=1, head_size=576, dtype=torch.int8, rope_head_dim=64,
+            scale_dim=4, scale_dtype=torch.float32, sparse_c8=True)
+        specs[f"model.layers.{i}.self_attn.indexer.k_cache"] = AscendSparseIndexerSpec.create(
+            ratio=4, block_size=64, num_kv_heads=1, head_size=128, dtype=torch.bfloat16, scale_dim=1,
+            scale_dtype=torch.float32)
+    return specs, 4 * MiB, None
+
+
+def mamba_hybrid():
+    specs = {}
+    for i in range(6):
+        if i % 3 == 2:
+            specs[_attn(i)] = FullAttentionSpec(block_size=32, num_kv_heads=2, head_size=32, dtype=torch.float32)
+        else:
+            specs[f"model.layers.{i}.mixer"] = MambaSpec(block_size=512, shapes=((3, 64), (4, 16, 16)),
+                                                         dtypes=(torch.float32, torch.float32))
+    return specs, 4 * MiB, None
+
+
+def eagle_draft():
+    """gpt-oss-like target (sliding + full) with one EAGLE draft layer registered last."""
+    specs = {}
+    kw = dict(block_size=32, num_kv_heads=2, head_size=32, dtype=torch.float32)
+    for i in range(8):
+        specs[_attn(i)] = SlidingWindowSpec(sliding_window=64, **kw) if i % 2 else FullAttentionSpec(**kw)
+    draft = _attn(8)
+    specs[draft] = FullAttentionSpec(**kw)
+    return specs, 4 * MiB, draft
+
+
+CASES = {f.__name__: f for f in (dense_gqa, sliding_window_hybrid, mla_ratio1, mla_ratio4, mamba_hybrid, eagle_draft)}
+
+
+@pytest.fixture(scope="session")
+def kv_cases():
+    return CASES

@@ -9,84 +9,22 @@ from __future__ import annotations
 
 import pytest
 import torch
-from vllm.v1.kv_cache_interface import FullAttentionSpec, MambaSpec, SlidingWindowSpec
+from vllm.v1.kv_cache_interface import MambaSpec
 
 from ascend_core.kv.allocator import KV_TRANSFER_ALIGNMENT, allocate_kv_caches
-from ascend_core.kv.specs import AscendMLAAttentionSpec, AscendSparseIndexerSpec
 from ascend_core.kv.views import MLAKV, AttentionKV, IndexerKV, MambaState
 
-MiB = 1 << 20
-
-
-def _attn(i: int) -> str:
-    return f"model.layers.{i}.self_attn.attn"
-
-
-def dense_gqa():
-    return {_attn(i): FullAttentionSpec(block_size=32, num_kv_heads=2, head_size=64, dtype=torch.bfloat16)
-            for i in range(4)}, 4 * MiB, None
-
-
-def sliding_window_hybrid():
-    specs = {}
-    for i in range(6):
-        kw = dict(block_size=32, num_kv_heads=2, head_size=32, dtype=torch.float32)
-        specs[_attn(i)] = (FullAttentionSpec(**kw) if i % 3 == 2 else SlidingWindowSpec(sliding_window=64, **kw))
-    return specs, 4 * MiB, None
-
-
-def mla_ratio1():
-    return {_attn(i): AscendMLAAttentionSpec.create(block_size=32, num_kv_heads=1, head_size=576,
-                                                    dtype=torch.bfloat16, rope_head_dim=64)
-            for i in range(3)}, 4 * MiB, None
-
-
-def mla_ratio4():
-    """DeepSeek-V4-like: C8 latent compressed 4:1 with scales, plus the sparse indexer cache (mixed page sizes)."""
-    specs = {}
-    for i in range(4):
-        specs[_attn(i)] = AscendMLAAttentionSpec.create(
-            ratio=4, block_size=64, num_kv_heads=1, head_size=576, dtype=torch.int8, rope_head_dim=64,
-            scale_dim=4, scale_dtype=torch.float32, sparse_c8=True)
-        specs[f"model.layers.{i}.self_attn.indexer.k_cache"] = AscendSparseIndexerSpec.create(
-            ratio=4, block_size=64, num_kv_heads=1, head_size=128, dtype=torch.bfloat16, scale_dim=1,
-            scale_dtype=torch.float32)
-    return specs, 4 * MiB, None
-
-
-def mamba_hybrid():
-    specs = {}
-    for i in range(6):
-        if i % 3 == 2:
-            specs[_attn(i)] = FullAttentionSpec(block_size=32, num_kv_heads=2, head_size=32, dtype=torch.float32)
-        else:
-            specs[f"model.layers.{i}.mixer"] = MambaSpec(block_size=512, shapes=((3, 64), (4, 16, 16)),
-                                                         dtypes=(torch.float32, torch.float32))
-    return specs, 4 * MiB, None
-
-
-def eagle_draft():
-    """gpt-oss-like target (sliding + full) with one EAGLE draft layer registered last."""
-    specs = {}
-    kw = dict(block_size=32, num_kv_heads=2, head_size=32, dtype=torch.float32)
-    for i in range(8):
-        specs[_attn(i)] = SlidingWindowSpec(sliding_window=64, **kw) if i % 2 else FullAttentionSpec(**kw)
-    draft = _attn(8)
-    specs[draft] = FullAttentionSpec(**kw)
-    return specs, 4 * MiB, draft
-
-
-CASES = {f.__name__: f for f in (dense_gqa, sliding_window_hybrid, mla_ratio1, mla_ratio4, mamba_hybrid, eagle_draft)}
 # Mixed page sizes need a block-compact layout (vLLM's validate_kv_cache_layout rejects the others): MLA with its
 # indexer always mixes them; a Mamba hybrid does under block-outermost layouts (vLLM packs instead of padding).
 _PLANNER_REJECTS = {("mla_ratio4", "LHBNC"), ("mla_ratio4", "BHLNC"), ("mamba_hybrid", "BHLNC")}
+CASES = ("dense_gqa", "sliding_window_hybrid", "mla_ratio1", "mla_ratio4", "mamba_hybrid", "eagle_draft")
 LAYOUT_CASES = [(c, lay) for c in CASES for lay in ("LBHNC", "LBNHC", "BLHNC", "BLNHC", "LHBNC", "BHLNC")
                 if (c, lay) not in _PLANNER_REJECTS]
 
 
 @pytest.mark.parametrize(("case", "layout"), LAYOUT_CASES)
-def test_shared_views_match_descriptors_and_vllm(plan, kv_checks, case, layout):
-    specs, memory, eagle = CASES[case]()
+def test_shared_views_match_descriptors_and_vllm(plan, kv_checks, kv_cases, case, layout):
+    specs, memory, eagle = kv_cases[case]()
     config = plan(specs, memory, layout, eagle_layer=eagle)
     alloc = allocate_kv_caches(config, device="cpu")
     assert set(alloc.layers) == set(specs)
@@ -96,9 +34,9 @@ def test_shared_views_match_descriptors_and_vllm(plan, kv_checks, case, layout):
         kv_checks.tags(config, alloc)
 
 
-@pytest.mark.parametrize("case", list(CASES))
-def test_private_buffers_hold_every_page_once(plan, kv_checks, case):
-    specs, memory, eagle = CASES[case]()
+@pytest.mark.parametrize("case", CASES)
+def test_private_buffers_hold_every_page_once(plan, kv_checks, kv_cases, case):
+    specs, memory, eagle = kv_cases[case]()
     config = plan(specs, memory, "LBHNC", eagle_layer=eagle)
     alloc = allocate_kv_caches(config, device="cpu", mode="private")
     assert len(alloc.storages) == len(specs)
@@ -106,9 +44,9 @@ def test_private_buffers_hold_every_page_once(plan, kv_checks, case):
     kv_checks.tags(config, alloc, mode="private")
 
 
-@pytest.mark.parametrize("case", list(CASES))
-def test_typed_views_have_the_logical_shapes(plan, case):
-    specs, memory, eagle = CASES[case]()
+@pytest.mark.parametrize("case", CASES)
+def test_typed_views_have_the_logical_shapes(plan, kv_cases, case):
+    specs, memory, eagle = kv_cases[case]()
     config = plan(specs, memory, "BLHNC", eagle_layer=eagle)
     alloc = allocate_kv_caches(config, device="cpu")
     blocks = config.num_blocks
@@ -133,8 +71,8 @@ def test_typed_views_have_the_logical_shapes(plan, case):
             assert [tuple(t.shape) for t in kv.tensors] == [(blocks, *s) for s in spec.shapes]
 
 
-def test_eagle_draft_group_overlays_the_target_groups(plan):
-    specs, memory, draft = eagle_draft()
+def test_eagle_draft_group_overlays_the_target_groups(plan, kv_cases):
+    specs, memory, draft = kv_cases["eagle_draft"]()
     config = plan(specs, memory, "LBHNC", eagle_layer=draft)
     eagle_groups = [g for g in config.kv_cache_groups if g.is_eagle_group]
     assert len(eagle_groups) == 1 and len(config.kv_cache_groups) == 2
@@ -145,8 +83,8 @@ def test_eagle_draft_group_overlays_the_target_groups(plan):
     assert draft_key.untyped_storage().data_ptr() == alloc.layers[target].key.untyped_storage().data_ptr()
 
 
-def test_mamba_pages_are_padded_to_the_attention_page(plan):
-    specs, memory, _ = mamba_hybrid()
+def test_mamba_pages_are_padded_to_the_attention_page(plan, kv_cases):
+    specs, memory, _ = kv_cases["mamba_hybrid"]()
     config = plan(specs, memory, "LBHNC")
     mamba = next(g for g in config.kv_cache_groups if isinstance(g.kv_cache_spec, MambaSpec)).kv_cache_spec
     assert mamba.page_size_padded == 32 * 2 * 64 * 4 > 3 * 64 * 4 + 4 * 16 * 16 * 4
@@ -157,8 +95,8 @@ def test_mamba_pages_are_padded_to_the_attention_page(plan):
 
 
 @pytest.mark.parametrize("mode", ["shared", "private"])
-def test_kv_transfer_storages_are_2mib_aligned_and_cover_each_layer_once(plan, mode):
-    specs, memory, _ = mamba_hybrid()
+def test_kv_transfer_storages_are_2mib_aligned_and_cover_each_layer_once(plan, kv_cases, mode):
+    specs, memory, _ = kv_cases["mamba_hybrid"]()
     config = plan(specs, memory, "LBHNC")
     alloc = allocate_kv_caches(config, device="cpu", mode=mode, kv_transfer=True)
     assert all(s.data_ptr % KV_TRANSFER_ALIGNMENT == 0 for s in alloc.storages)
@@ -174,11 +112,11 @@ def test_kv_transfer_storages_are_2mib_aligned_and_cover_each_layer_once(plan, m
                 assert s.data_ptr <= t.data_ptr() < s.data_ptr + s.nbytes, name
 
 
-def test_kernel_block_split_matches_vllm(plan):
+def test_kernel_block_split_matches_vllm(plan, kv_cases):
     from vllm.v1.kv_cache_layout import KVCacheLayout
     from vllm.v1.worker.utils import allocate_kv_cache
 
-    specs, memory, _ = dense_gqa()
+    specs, memory, _ = kv_cases["dense_gqa"]()
     config = plan(specs, memory, "LBHNC")
     ref = allocate_kv_cache(config, torch.device("cpu"), KVCacheLayout.LBHNC, kernel_block_sizes=[16])
     alloc = allocate_kv_caches(config, device="cpu", kernel_block_sizes=[16])
