@@ -1,0 +1,250 @@
+"""The NPU backend: each facade op bound to its torch_npu kernel. The only module that imports torch_npu.
+
+`NPU_BINDINGS` is plain data (readable without torch_npu: the tests check every op has an entry); `npu_ops()` builds
+the callables, and torch_npu is imported on the first call of any of them. Ops with no dedicated torch_npu kernel
+(sampling, the MoE reference) run the reference implementation on the NPU device ("torch" bindings). Where a kernel
+needs a layout it cannot take (e.g. a cache view that is not block-contiguous) the binding runs the reference.
+
+Names and argument conventions follow vllm-ascend's use of torch_npu (attention_v1, mla_v1, ops/rotary_embedding,
+layernorm, activation, fused_moe and sample/): none of this is exercised here, only on an Ascend host.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from ascend_kernels import reference
+from ascend_kernels.reference import sampling as ref_sampling
+
+
+@dataclass(frozen=True, kw_only=True)
+class NpuBinding:
+    target: str  # what runs the op on an NPU
+    kind: str  # "torch_npu": a torch_npu kernel; "torch": the reference implementation on the NPU device
+    note: str = ""
+
+
+NPU_BINDINGS: dict[str, NpuBinding] = {
+    "reshape_and_cache": NpuBinding(
+        target="torch_npu._npu_reshape_and_cache", kind="torch_npu", note="slots as int32; block-contiguous caches"
+    ),
+    "reshape_and_cache_mla": NpuBinding(
+        target="torch_npu._npu_reshape_and_cache", kind="torch_npu", note="latent as key, rope as value"
+    ),
+    "paged_attention": NpuBinding(
+        target="torch_npu.npu_fused_infer_attention_score_v2",
+        kind="torch_npu",
+        note="TND query, paged KV [blocks, block_size, heads*dim]; sparse_mode 3 (causal) with a 2048x2048 mask, "
+        "pre_tokens = window - 1 for sliding windows, learnable_sink for sinks",
+    ),
+    "mla_decode_attention": NpuBinding(
+        target="torch_npu.npu_fused_infer_attention_score",
+        kind="torch_npu",
+        note="BNSD query with query_rope/key_rope over the paged latent cache, one KV head",
+    ),
+    "rotary_embedding": NpuBinding(
+        target="torch_npu._npu_rotary_embedding", kind="torch_npu", note="in place on [tokens, heads*rotary_dim]"
+    ),
+    "rms_norm": NpuBinding(target="torch_npu.npu_rms_norm / torch_npu.npu_add_rms_norm", kind="torch_npu"),
+    "silu_and_mul": NpuBinding(target="torch_npu.npu_swiglu", kind="torch_npu"),
+    "topk_softmax": NpuBinding(target="torch_npu.npu_moe_gating_top_k_softmax", kind="torch_npu"),
+    "fused_moe_reference": NpuBinding(target="ascend_kernels.reference.moe on the NPU device", kind="torch"),
+    "sample_greedy": NpuBinding(target="torch.argmax on the NPU device", kind="torch"),
+    "sample": NpuBinding(
+        target="torch_npu.npu_top_k_top_p + reference sampling",
+        kind="torch_npu",
+        note="the fused filter when both top_k and top_p are given",
+    ),
+    "rejection_sample": NpuBinding(target="ascend_kernels.reference.rejection on the NPU device", kind="torch"),
+}
+
+_FIA_MASK_SIZE = 2048  # the compressed causal mask sparse_mode 3 expects
+_SPARSE_CAUSAL, _SPARSE_BAND = 3, 4
+
+
+@functools.cache
+def _torch_npu():
+    return importlib.import_module("torch_npu")
+
+
+@functools.cache
+def _causal_mask(device_str: str) -> torch.Tensor:
+    ones = torch.ones(_FIA_MASK_SIZE, _FIA_MASK_SIZE, dtype=torch.bool, device=device_str)
+    return torch.triu(ones, diagonal=1)
+
+
+def _block_contiguous(cache: torch.Tensor) -> bool:
+    """Whether each block is one dense [block_size, heads, dim] run, so `cache.view(nb, bs, -1)` is legal."""
+    _, bs, h, d = cache.shape
+    return cache.stride(3) == 1 and cache.stride(2) == d and cache.stride(1) == h * d
+
+
+def _flat_blocks(cache: torch.Tensor) -> torch.Tensor:
+    return cache.as_strided(
+        (cache.shape[0], cache.shape[1], cache.shape[2] * cache.shape[3]), (cache.stride(0), cache.stride(1), 1)
+    )
+
+
+def reshape_and_cache(key, value, key_cache, value_cache, slot_mapping):
+    if not (_block_contiguous(key_cache) and _block_contiguous(value_cache)):
+        return reference.reshape_and_cache(key, value, key_cache, value_cache, slot_mapping)
+    _torch_npu()._npu_reshape_and_cache(key, value, key_cache, value_cache, slot_mapping.to(torch.int32))
+
+
+def reshape_and_cache_mla(latent, rope, latent_cache, rope_cache, slot_mapping):
+    if not (_block_contiguous(latent_cache) and _block_contiguous(rope_cache)):
+        return reference.reshape_and_cache_mla(latent, rope, latent_cache, rope_cache, slot_mapping)
+    latent = latent.reshape(latent.shape[0], 1, latent.shape[-1])
+    rope = rope.reshape(rope.shape[0], 1, rope.shape[-1])
+    _torch_npu()._npu_reshape_and_cache(latent, rope, latent_cache, rope_cache, slot_mapping.to(torch.int32))
+
+
+def paged_attention(
+    query,
+    key_cache,
+    value_cache,
+    block_table,
+    query_start_loc,
+    seq_lens,
+    *,
+    scale,
+    causal=True,
+    sliding_window=None,
+    sinks=None,
+    out=None,
+):
+    if not (_block_contiguous(key_cache) and _block_contiguous(value_cache)):
+        return reference.paged_attention(
+            query,
+            key_cache,
+            value_cache,
+            block_table,
+            query_start_loc,
+            seq_lens,
+            scale=scale,
+            causal=causal,
+            sliding_window=sliding_window,
+            sinks=sinks,
+            out=out,
+        )
+    _, bs, hkv, _ = key_cache.shape
+    kwargs = {}
+    if causal:
+        kwargs.update(atten_mask=_causal_mask(str(query.device)), sparse_mode=_SPARSE_CAUSAL)
+    if sliding_window is not None:
+        kwargs.update(sparse_mode=_SPARSE_BAND, pre_tokens=sliding_window - 1, next_tokens=0 if causal else 2**31 - 1)
+    if sinks is not None:
+        kwargs["learnable_sink"] = sinks
+    num_q = int(query_start_loc[-1])
+    result, _ = _torch_npu().npu_fused_infer_attention_score_v2(
+        query[:num_q],
+        _flat_blocks(key_cache),
+        _flat_blocks(value_cache),
+        num_query_heads=query.shape[1],
+        num_key_value_heads=hkv,
+        input_layout="TND",
+        softmax_scale=scale,
+        block_table=block_table.to(torch.int32),
+        block_size=bs,
+        actual_seq_qlen=query_start_loc[1:].tolist(),
+        actual_seq_kvlen=seq_lens.tolist(),
+        **kwargs,
+    )
+    if out is None:
+        out = query.new_zeros(query.shape[0], query.shape[1], value_cache.shape[3])
+    else:
+        out[num_q:].zero_()
+    out[:num_q].copy_(result.view(num_q, query.shape[1], -1))
+    return out
+
+
+def mla_decode_attention(q_nope_absorbed, q_rope, latent_cache, rope_cache, block_table, seq_lens, *, scale, out=None):
+    b, h, r = q_nope_absorbed.shape
+    result, _ = _torch_npu().npu_fused_infer_attention_score(
+        q_nope_absorbed.view(b, h, 1, r),
+        _flat_blocks(latent_cache),
+        _flat_blocks(latent_cache),
+        query_rope=q_rope.reshape(b, h, 1, -1),
+        key_rope=_flat_blocks(rope_cache),
+        num_heads=h,
+        num_key_value_heads=1,
+        input_layout="BNSD",
+        scale=scale,
+        block_table=block_table.to(torch.int32),
+        block_size=latent_cache.shape[1],
+        actual_seq_lengths_kv=seq_lens.tolist(),
+    )
+    result = result.view(b, h, r)
+    if out is None:
+        return result
+    out.copy_(result)
+    return out
+
+
+def rotary_embedding(positions, query, key, cos_sin_cache, *, head_size, rotary_dim, is_neox):
+    t = positions.shape[0]
+    if rotary_dim != head_size or not query.is_contiguous() or (key is not None and not key.is_contiguous()):
+        return reference.rotary_embedding(
+            positions, query, key, cos_sin_cache, head_size=head_size, rotary_dim=rotary_dim, is_neox=is_neox
+        )
+    q2 = query.view(t, -1)
+    k2 = key.view(t, -1) if key is not None else torch.empty_like(q2)
+    _torch_npu()._npu_rotary_embedding(positions, q2, k2, head_size, cos_sin_cache.to(query.dtype), is_neox)
+    return query, key
+
+
+def rms_norm(x, weight, eps, residual=None):
+    torch_npu = _torch_npu()
+    if residual is None:
+        return torch_npu.npu_rms_norm(x, weight, eps)[0]
+    out, _, new_residual = torch_npu.npu_add_rms_norm(x, residual, weight, eps)
+    return out, new_residual
+
+
+def silu_and_mul(x):
+    return _torch_npu().npu_swiglu(x, dim=-1)
+
+
+def topk_softmax(gating_logits, topk, renormalize):
+    weights, ids, _ = _torch_npu().npu_moe_gating_top_k_softmax(gating_logits, None, k=topk)
+    weights = weights.float()
+    if renormalize:
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+    return weights, ids.to(torch.int32)
+
+
+def sample(logits, temperature, top_k=None, top_p=None, generator=None):
+    if top_k is None or top_p is None:
+        return reference.sample(logits, temperature, top_k, top_p, generator)
+    rows = logits.shape[0]
+    temp = ref_sampling.per_row(temperature, rows, logits.device)
+    greedy = temp < ref_sampling.SAMPLING_EPS
+    scaled = logits.float() / torch.where(greedy, torch.ones_like(temp), temp)[:, None]
+    filtered = _torch_npu().npu_top_k_top_p(scaled, top_p.to(scaled.dtype), top_k.to(torch.int32))
+    sampled = ref_sampling.exponential_race(torch.softmax(filtered, dim=-1), generator)
+    return torch.where(greedy, logits.argmax(dim=-1), sampled)
+
+
+def npu_ops() -> dict[str, Callable]:
+    """The NPU op table (building it does not import torch_npu; the first call does)."""
+    table = {
+        "reshape_and_cache": reshape_and_cache,
+        "reshape_and_cache_mla": reshape_and_cache_mla,
+        "paged_attention": paged_attention,
+        "mla_decode_attention": mla_decode_attention,
+        "rotary_embedding": rotary_embedding,
+        "rms_norm": rms_norm,
+        "silu_and_mul": silu_and_mul,
+        "topk_softmax": topk_softmax,
+        "fused_moe_reference": reference.fused_moe_reference,
+        "sample_greedy": reference.sample_greedy,
+        "sample": sample,
+        "rejection_sample": reference.rejection_sample,
+    }
+    assert table.keys() == NPU_BINDINGS.keys()
+    return table

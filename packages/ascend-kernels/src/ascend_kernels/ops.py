@@ -1,0 +1,246 @@
+"""The kernel facade: one function per op, its contract in the docstring, dispatched to the selected backend.
+
+`from ascend_kernels import ops`. Each call checks argument metadata (see `ascend_kernels.validation`, switchable)
+and then calls the selected backend (`ascend_kernels.set_backend`). Conventions shared by every op:
+- KV caches are 4-D `[num_blocks, block_size, num_kv_heads, head_size]` per layer, K and V separate, and may be
+  non-contiguous strided views over a shared int8 backing: kernels honour strides. MLA: latent cache
+  `[num_blocks, block_size, 1, kv_lora_rank]` and rope cache `[num_blocks, block_size, 1, rope_dim]`.
+- A slot is `block_id * block_size + offset`; slot -1 marks a padding token and is skipped.
+- A request's `seq_len` counts its whole context including the tokens scheduled now, so its `q_len` queries sit at
+  positions `seq_len - q_len ... seq_len - 1`.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ascend_kernels import validation as _v
+from ascend_kernels.registry import OP_NAMES, current_impl
+
+__all__ = list(OP_NAMES)
+
+_SWITCH = _v.SWITCH
+
+
+def reshape_and_cache(key, value, key_cache, value_cache, slot_mapping) -> None:
+    """Write each token's K/V into its cache slot, in place.
+
+    key `[num_tokens, num_kv_heads, head_size]`, value `[num_tokens, num_kv_heads, head_size_v]`;
+    key_cache/value_cache `[num_blocks, block_size, num_kv_heads, head_size(_v)]` (strided views allowed);
+    slot_mapping int64 (int32 accepted) `[num_tokens]`, token i goes to block `slot // block_size`, row
+    `slot % block_size`; slot -1 = padding, not written. Values are cast to the cache dtype.
+    """
+    if _SWITCH.enabled:
+        _v.check_reshape_and_cache(key, value, key_cache, value_cache, slot_mapping)
+    current_impl().reshape_and_cache(key, value, key_cache, value_cache, slot_mapping)
+
+
+def reshape_and_cache_mla(latent, rope, latent_cache, rope_cache, slot_mapping) -> None:
+    """MLA's cache write: latent `[num_tokens, kv_lora_rank]` and rope `[num_tokens, rope_dim]` (or both with a
+    middle dim of 1) into latent_cache `[num_blocks, block_size, 1, kv_lora_rank]` and rope_cache
+    `[num_blocks, block_size, 1, rope_dim]`; slots as in `reshape_and_cache` (-1 skipped). In place."""
+    if _SWITCH.enabled:
+        _v.check_reshape_and_cache_mla(latent, rope, latent_cache, rope_cache, slot_mapping)
+    current_impl().reshape_and_cache_mla(latent, rope, latent_cache, rope_cache, slot_mapping)
+
+
+def paged_attention(
+    query,
+    key_cache,
+    value_cache,
+    block_table,
+    query_start_loc,
+    seq_lens,
+    *,
+    scale: float,
+    causal: bool = True,
+    sliding_window: int | None = None,
+    sinks: torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Attention of a mixed prefill/decode batch over paged K/V caches (the new tokens' K/V already written).
+
+    query `[num_tokens, num_heads, head_size]`: request r owns rows `query_start_loc[r] : query_start_loc[r+1]`
+    (int32 `[num_reqs + 1]`, non-decreasing, starting at 0); rows past `query_start_loc[-1]` are padding and come out
+    as zeros. seq_lens int32 `[num_reqs]`: context length of each request including its new tokens, so query row i
+    of a request with q_len rows sits at position `p = seq_len - q_len + i`. block_table int32
+    `[num_reqs, max_blocks]`: logical block j of request r is physical block `block_table[r, j]` (entries past the
+    context are ignored). Caches: `[num_blocks, block_size, num_kv_heads, head_size]` and `[..., head_size_v]`,
+    num_heads a multiple of num_kv_heads (GQA/MQA; query head h reads kv head `h // (num_heads // num_kv_heads)`).
+
+    A query at position p sees key positions j < seq_len with j <= p when `causal` (all j < seq_len otherwise) and
+    j > p - sliding_window when a window is given (vLLM's semantics: the window includes p itself). Logits are
+    `scale * q.k`; softmax in float32. `sinks` (float `[num_heads]`, gpt-oss style): per-head logits that join each
+    row's softmax denominator only, i.e. weights `exp(s_j) / (sum_j exp(s_j) + exp(sink_h))`.
+    Returns `[num_tokens, num_heads, head_size_v]` in query's dtype (written into `out` when given).
+    """
+    if _SWITCH.enabled:
+        _v.check_paged_attention(
+            query, key_cache, value_cache, block_table, query_start_loc, seq_lens, scale, sliding_window, sinks, out
+        )
+    return current_impl().paged_attention(
+        query,
+        key_cache,
+        value_cache,
+        block_table,
+        query_start_loc,
+        seq_lens,
+        scale=scale,
+        causal=causal,
+        sliding_window=sliding_window,
+        sinks=sinks,
+        out=out,
+    )
+
+
+def mla_decode_attention(
+    q_nope_absorbed, q_rope, latent_cache, rope_cache, block_table, seq_lens, *, scale: float, out=None
+) -> torch.Tensor:
+    """MLA decode (one query per request) over the latent cache, with W_UK already absorbed into the query.
+
+    q_nope_absorbed `[num_reqs, num_heads, kv_lora_rank]`, q_rope `[num_reqs, num_heads, rope_dim]`; caches as in
+    `reshape_and_cache_mla`; block_table `[num_reqs, max_blocks]`, seq_lens `[num_reqs]` (the query is the last
+    position, so it sees every key j < seq_len). Logits `scale * (q_nope.latent_j + q_rope.rope_j)`, float32
+    softmax; returns `sum_j w_j * latent_j` as `[num_reqs, num_heads, kv_lora_rank]` (W_UV is the caller's).
+    """
+    if _SWITCH.enabled:
+        _v.check_mla_decode_attention(
+            q_nope_absorbed, q_rope, latent_cache, rope_cache, block_table, seq_lens, scale, out
+        )
+    return current_impl().mla_decode_attention(
+        q_nope_absorbed, q_rope, latent_cache, rope_cache, block_table, seq_lens, scale=scale, out=out
+    )
+
+
+def rotary_embedding(positions, query, key, cos_sin_cache, *, head_size: int, rotary_dim: int, is_neox: bool):
+    """Rotary position embedding applied IN PLACE to query and key (like vLLM's op); returns (query, key).
+
+    positions int64 `[num_tokens]`; query `[num_tokens, num_heads * head_size]` or `[num_tokens, num_heads,
+    head_size]`, key likewise with its own head count (or None); cos_sin_cache `[max_position, rotary_dim]`, row p
+    = cos(p * inv_freq) then sin(p * inv_freq) (rotary_dim // 2 each). Only the first `rotary_dim` dims of each head
+    rotate (partial rotary). NeoX style pairs dim i with i + rotary_dim // 2; GPT-J style pairs 2i with 2i + 1.
+    """
+    if _SWITCH.enabled:
+        _v.check_rotary_embedding(positions, query, key, cos_sin_cache, head_size, rotary_dim)
+    return current_impl().rotary_embedding(
+        positions, query, key, cos_sin_cache, head_size=head_size, rotary_dim=rotary_dim, is_neox=is_neox
+    )
+
+
+def rms_norm(x, weight, eps: float, residual=None):
+    """RMSNorm over the last dim, computed in float32: `x / sqrt(mean(x^2) + eps) * weight`, in x's dtype.
+
+    With `residual` (same shape as x): first `h = x + residual` (float32), returns `(rms_norm(h), h in residual's
+    dtype)`, the fused residual add of vLLM's `fused_add_rms_norm`. Inputs are not modified.
+    """
+    if _SWITCH.enabled:
+        _v.check_rms_norm(x, weight, eps, residual)
+    return current_impl().rms_norm(x, weight, eps, residual)
+
+
+def silu_and_mul(x) -> torch.Tensor:
+    """`x [..., 2d]` -> `silu(x[..., :d]) * x[..., d:]` of shape `[..., d]` (gate half first, as vLLM)."""
+    if _SWITCH.enabled:
+        _v.check_silu_and_mul(x)
+    return current_impl().silu_and_mul(x)
+
+
+def topk_softmax(gating_logits, topk: int, renormalize: bool):
+    """MoE routing: softmax over experts (float32), then the top-k per token.
+
+    gating_logits `[num_tokens, num_experts]` -> (weights float32 `[num_tokens, topk]`, expert ids int32
+    `[num_tokens, topk]`), ordered by descending weight; with `renormalize` the k weights are divided by their sum.
+    """
+    if _SWITCH.enabled:
+        _v.check_topk_softmax(gating_logits, topk, renormalize)
+    return current_impl().topk_softmax(gating_logits, topk, renormalize)
+
+
+def fused_moe_reference(hidden_states, w13, w2, topk_weights, topk_ids) -> torch.Tensor:
+    """Mixture of experts with SiLU-gated experts, tokens grouped by expert.
+
+    hidden_states `[num_tokens, hidden]`; w13 `[num_experts, 2 * intermediate, hidden]` (gate rows then up rows);
+    w2 `[num_experts, hidden, intermediate]`; topk_weights `[num_tokens, k]`, topk_ids `[num_tokens, k]`.
+    out[t] = sum_i topk_weights[t, i] * w2[e] @ silu_and_mul(w13[e] @ x[t]) with e = topk_ids[t, i];
+    accumulation in float32, result in hidden_states' dtype.
+    """
+    if _SWITCH.enabled:
+        _v.check_fused_moe(hidden_states, w13, w2, topk_weights, topk_ids)
+    return current_impl().fused_moe_reference(hidden_states, w13, w2, topk_weights, topk_ids)
+
+
+def sample_greedy(logits) -> torch.Tensor:
+    """Argmax token per row of logits `[num_reqs, vocab]` -> int64 `[num_reqs]` (lowest id on ties)."""
+    if _SWITCH.enabled:
+        _v._logits("sample_greedy", "logits", logits)
+    return current_impl().sample_greedy(logits)
+
+
+def sample(logits, temperature, top_k=None, top_p=None, generator: torch.Generator | None = None) -> torch.Tensor:
+    """Sample one token per row of logits `[num_reqs, vocab]` -> int64 `[num_reqs]`.
+
+    temperature float `[num_reqs]` (or one number): rows with temperature < 1e-5 are greedy (argmax). Other rows
+    sample from softmax(logits / temperature) restricted by top_k (int `[num_reqs]`; <= 0 or >= vocab disables a
+    row's limit; ties at the k-th logit are kept) and then top_p (float `[num_reqs]`; the smallest set of most
+    likely tokens whose mass reaches p, at least one; 1.0 disables), renormalised. None disables either filter.
+    Randomness comes from `generator` (a torch.Generator on logits' device) when given.
+    """
+    if _SWITCH.enabled:
+        _v.check_sample(logits, temperature, top_k, top_p, generator)
+    return current_impl().sample(logits, temperature, top_k, top_p, generator)
+
+
+def rejection_sample(
+    draft_token_ids,
+    draft_probs,
+    target_logits,
+    bonus_token_ids,
+    *,
+    temperature=None,
+    top_k=None,
+    top_p=None,
+    generator: torch.Generator | None = None,
+    target_is_probs: bool = False,
+):
+    """Speculative-decoding rejection sampler (strict and lossless): returns (output_token_ids, num_accepted).
+
+    Inputs, for num_reqs requests with up to K draft tokens each:
+    - draft_token_ids int `[num_reqs, K]`: request r's drafts are its leading entries >= 0; the rest are -1
+      padding (a request may have 0 drafts).
+    - draft_probs float `[num_reqs, K, vocab]`: the distribution each draft token was sampled from, or None for a
+      deterministic drafter (probability 1 on the drafted token).
+    - target_logits float `[num_reqs, K, vocab]`: the target model's logits at each draft position (row k scores the
+      token that follows drafts 0..k-1). With `target_is_probs=True` these are final probabilities instead and
+      temperature/top_k/top_p are not applied to them (temperature then only selects greedy rows).
+    - bonus_token_ids int `[num_reqs]` or `[num_reqs, 1]`: the token the caller sampled from the target at the
+      position after the last draft; used only when every draft of the request is accepted.
+    - temperature float `[num_reqs]` or None (None = every row greedy), top_k / top_p as in `sample`: the target
+      distribution p at each position is softmax(logits / T) filtered by top-k then top-p, exactly as `sample`.
+
+    Per request, positions k = 0, 1, ... in order: the draft token x is accepted with probability
+    min(1, p(x) / q(x)) (q = draft_probs, or 1 for a deterministic drafter; accepted when u * q(x) < p(x) with
+    u ~ U[0, 1)). At the first rejection a token is drawn from the residual max(p - q, 0) renormalised (from p if
+    the residual is all zero) and the request stops. If all its drafts are accepted, bonus_token_ids[r] follows.
+    Greedy rows (temperature < 1e-5 or None) use p = one-hot(argmax of the target logits): a draft is accepted iff
+    it equals the argmax and the replacement token is the argmax. The output tokens are thus distributed exactly as
+    sampling the target token by token.
+
+    Returns output_token_ids int64 `[num_reqs, K + 1]`: request r's `num_accepted[r] + 1` tokens (accepted drafts,
+    then the recovered or bonus token) followed by -1 padding; and num_accepted int64 `[num_reqs]` (accepted draft
+    tokens, 0..number of drafts). Randomness from `generator` when given.
+    """
+    if _SWITCH.enabled:
+        _v.check_rejection_sample(
+            draft_token_ids, draft_probs, target_logits, bonus_token_ids, temperature, top_k, top_p, generator
+        )
+    return current_impl().rejection_sample(
+        draft_token_ids,
+        draft_probs,
+        target_logits,
+        bonus_token_ids,
+        temperature=temperature,
+        top_k=top_k,
+        top_p=top_p,
+        generator=generator,
+        target_is_probs=target_is_probs,
+    )

@@ -1,0 +1,28 @@
+"""The pure-torch reference backend: readable, device-agnostic, and the simulated-NPU lane's kernels.
+
+Every op follows the contract in `ascend_kernels.ops`; the tests hold each one against a naive formulation.
+"""
+
+from __future__ import annotations
+
+from ascend_kernels.reference.attention import mla_decode_attention, paged_attention
+from ascend_kernels.reference.cache_write import reshape_and_cache, reshape_and_cache_mla
+from ascend_kernels.reference.layers import rms_norm, rotary_embedding, silu_and_mul
+from ascend_kernels.reference.moe import fused_moe_reference, topk_softmax
+from ascend_kernels.reference.rejection import rejection_sample
+from ascend_kernels.reference.sampling import sample, sample_greedy
+
+REFERENCE_OPS = {
+    "reshape_and_cache": reshape_and_cache,
+    "reshape_and_cache_mla": reshape_and_cache_mla,
+    "paged_attention": paged_attention,
+    "mla_decode_attention": mla_decode_attention,
+    "rotary_embedding": rotary_embedding,
+    "rms_norm": rms_norm,
+    "silu_and_mul": silu_and_mul,
+    "topk_softmax": topk_softmax,
+    "fused_moe_reference": fused_moe_reference,
+    "sample_greedy": sample_greedy,
+    "sample": sample,
+    "rejection_sample": rejection_sample,
+}

@@ -1,0 +1,169 @@
+"""Paged attention and MLA decode attention (reference), vectorised over requests.
+
+Requests are processed in chunks of equal query length (decodes together, speculative-decode verifies together, each
+long prefill alone) whose gathered K/V stays under `CHUNK_BYTES`. A chunk gathers its blocks with one `index_select`
+per cache into a reused workspace (no per-call allocation of large temporaries, no Python loop per token), folds the
+query heads that share a KV head into rows (`[n, kv_heads, q_len * group, head]`), and runs one batched attention:
+torch's scaled_dot_product_attention, or an explicit float32 softmax when sinks are given or head sizes differ.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+# Gathered K+V bytes per chunk: big enough to batch a decode step, small enough to stay near the CPU caches.
+CHUNK_BYTES = 8 << 20
+
+_WORKSPACE: dict[tuple, torch.Tensor] = {}
+
+
+def _workspace(tag: str, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A contiguous scratch tensor of `shape`, reused across calls (large fresh allocations page-fault each time)."""
+    numel = 1
+    for s in shape:
+        numel *= s
+    key = (tag, dtype, device)
+    buf = _WORKSPACE.get(key)
+    if buf is None or buf.numel() < numel:
+        buf = torch.empty(numel, dtype=dtype, device=device)
+        _WORKSPACE[key] = buf
+    return buf[:numel].view(shape)
+
+
+def _gather_blocks(tag: str, cache: torch.Tensor, blocks: torch.Tensor) -> torch.Tensor:
+    """cache[blocks] (blocks: `[n, nbk]` long) as `[n, nbk * block_size, heads, dim]`, honouring cache strides."""
+    n, nbk = blocks.shape
+    _, bs, h, d = cache.shape
+    dst = _workspace(tag, (n * nbk, bs, h, d), cache.dtype, cache.device)
+    torch.index_select(cache, 0, blocks.reshape(-1), out=dst)
+    return dst.view(n, nbk * bs, h, d)
+
+
+def _chunks(qlens: list[int], ctx_blocks: list[int], bytes_per_block: int) -> list[list[int]]:
+    """Group request indices with equal q_len, each group's gathered bytes under CHUNK_BYTES (at least one)."""
+    order = sorted((i for i, q in enumerate(qlens) if q > 0), key=lambda i: qlens[i])
+    chunks: list[list[int]] = []
+    cur: list[int] = []
+    cur_max = 0
+    for i in order:
+        grown = max(cur_max, ctx_blocks[i])
+        if cur and (qlens[i] != qlens[cur[0]] or grown * (len(cur) + 1) * bytes_per_block > CHUNK_BYTES):
+            chunks.append(cur)
+            cur, grown = [], ctx_blocks[i]
+        cur.append(i)
+        cur_max = grown
+    if cur:
+        chunks.append(cur)
+    return chunks
+
+
+def _attend_explicit(q, k, v, mask, scale, sink_rows):
+    """softmax(scale * q k^T) v in float32 with optional per-row sink logits in the denominator."""
+    s = torch.matmul(q.float(), k.float().transpose(-1, -2)).mul_(scale)
+    s.masked_fill_(~mask, float("-inf"))
+    if sink_rows is None:
+        p = torch.softmax(s, dim=-1)
+    else:
+        top = torch.maximum(s.amax(dim=-1, keepdim=True), sink_rows)
+        e = torch.exp(s - top)
+        p = e / (e.sum(dim=-1, keepdim=True) + torch.exp(sink_rows - top))
+    return torch.matmul(p, v.float())
+
+
+def paged_attention(
+    query,
+    key_cache,
+    value_cache,
+    block_table,
+    query_start_loc,
+    seq_lens,
+    *,
+    scale,
+    causal=True,
+    sliding_window=None,
+    sinks=None,
+    out=None,
+):
+    t, hq, d = query.shape
+    _, bs, hkv, _ = key_cache.shape
+    dv = value_cache.shape[3]
+    g = hq // hkv
+    if out is None:
+        out = query.new_zeros(t, hq, dv)
+    r = block_table.shape[0]
+    if r == 0 or t == 0:
+        out.zero_()
+        return out
+    starts = query_start_loc.tolist()  # host-side schedule; the reference backend may sync
+    lens = seq_lens.tolist()
+    if starts[-1] < t:
+        out[starts[-1] :].zero_()
+    qlens = [starts[i + 1] - starts[i] for i in range(r)]
+    ctx_blocks = [-(-n // bs) for n in lens]
+    per_block = bs * hkv * (d + dv) * key_cache.element_size()
+    explicit = sinks is not None or dv != d
+    device = query.device
+    table = block_table.long().clamp_(0, key_cache.shape[0] - 1)
+    for idx in _chunks(qlens, ctx_blocks, per_block):
+        n, m = len(idx), qlens[idx[0]]
+        nbk = max(ctx_blocks[i] for i in idx)
+        length = nbk * bs
+        sel = torch.tensor(idx, device=device)
+        blocks = table.index_select(0, sel)[:, :nbk]
+        k = _gather_blocks("k", key_cache, blocks).transpose(1, 2)  # [n, hkv, L, d]
+        v = _gather_blocks("v", value_cache, blocks).transpose(1, 2)
+        first = torch.tensor([starts[i] for i in idx], device=device)
+        rows = (first[:, None] + torch.arange(m, device=device)).reshape(-1)  # token index of each (req, i)
+        # [n*m, hq, d] -> [n, hkv, m*g, d]: the g query heads of a KV head become rows of one matrix.
+        q = query.index_select(0, rows).view(n, m, hkv, g, d).permute(0, 2, 1, 3, 4).reshape(n, hkv, m * g, d)
+        ctx = torch.tensor([lens[i] for i in idx], device=device)
+        need_mask = explicit or m > 1 or any(lens[i] != length for i in idx)
+        need_mask = need_mask or (sliding_window is not None and sliding_window < length)
+        mask = None
+        if need_mask:
+            pos = (ctx - m)[:, None] + torch.arange(m, device=device)  # [n, m]
+            j = torch.arange(length, device=device)
+            mask = j[None, None, :] < ctx[:, None, None]
+            if causal:
+                mask = mask & (j[None, None, :] <= pos[:, :, None])
+            if sliding_window is not None:
+                mask = mask & (j[None, None, :] > pos[:, :, None] - sliding_window)
+            mask = mask[:, None, :, None, :].expand(n, 1, m, g, length).reshape(n, 1, m * g, length)
+        if explicit:
+            sink_rows = None
+            if sinks is not None:
+                sink_rows = sinks.float().view(1, hkv, 1, g, 1).expand(1, hkv, m, g, 1).reshape(1, hkv, m * g, 1)
+            o = _attend_explicit(q, k, v, mask, scale, sink_rows)
+        else:
+            o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+        o = o.view(n, hkv, m, g, dv).permute(0, 2, 1, 3, 4).reshape(n * m, hq, dv)
+        out.index_copy_(0, rows, o.to(out.dtype))
+    return out
+
+
+def mla_decode_attention(q_nope_absorbed, q_rope, latent_cache, rope_cache, block_table, seq_lens, *, scale, out=None):
+    b, h, r = q_nope_absorbed.shape
+    bs = latent_cache.shape[1]
+    if out is None:
+        out = q_nope_absorbed.new_zeros(b, h, r)
+    if b == 0:
+        return out
+    lens = seq_lens.tolist()
+    ctx_blocks = [-(-n // bs) for n in lens]
+    per_block = bs * (r + rope_cache.shape[3]) * latent_cache.element_size()
+    device = q_nope_absorbed.device
+    table = block_table.long().clamp_(0, latent_cache.shape[0] - 1)
+    for idx in _chunks([1] * b, ctx_blocks, per_block):
+        nbk = max(ctx_blocks[i] for i in idx)
+        sel = torch.tensor(idx, device=device)
+        blocks = table.index_select(0, sel)[:, :nbk]
+        latent = _gather_blocks("latent", latent_cache, blocks).squeeze(2).float()  # [n, L, r]
+        rope = _gather_blocks("rope", rope_cache, blocks).squeeze(2).float()
+        s = torch.bmm(q_nope_absorbed.index_select(0, sel).float(), latent.transpose(1, 2))
+        s += torch.bmm(q_rope.index_select(0, sel).float(), rope.transpose(1, 2))
+        ctx = seq_lens.index_select(0, sel).long()
+        masked = torch.arange(nbk * bs, device=device)[None, None, :] >= ctx[:, None, None]
+        p = torch.softmax(s.mul_(scale).masked_fill_(masked, float("-inf")), dim=-1)
+        out.index_copy_(0, sel, torch.bmm(p, latent).to(out.dtype))
+    return out
