@@ -108,6 +108,11 @@ RUNTIME_BOUND = {
     "vllm/platforms/interface.py": """
         class Platform:
             env_var = ENV_NAME
+
+            def __init__(self):
+                self.device, self.stream = None, None
+                self.count: int = 0
+
             def set_device(self, device):
                 pass
 
@@ -132,3 +137,5 @@ def test_runtime_bound_names_instances_and_keyword_only_fields(tmp_path: Path) -
     # a class attribute naming a module constant reads as the constant's value
     assert view.resolve("vllm.platforms.interface.Platform.env_var").value == "'VLLM_DEVICE'"
     assert view.resolve("vllm.platforms.Options").signature == ("a", "*", "b=0", "c='x'")
+    # attributes an instance gets in __init__ count as members
+    assert {"device", "stream", "count", "set_device"} <= view.resolve("vllm.platforms.interface.Platform").members

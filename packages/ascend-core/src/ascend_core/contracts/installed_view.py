@@ -7,16 +7,18 @@ import error instead of a bare AttributeError. Looking for where a gone symbol w
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import enum
 import importlib
 import inspect
+import textwrap
 from pathlib import Path
 from typing import Any
 
 from ascend_core.contracts.shapes import Missing, Param, Shape, normalize_literal
 from ascend_core.contracts.source_reader import DirectorySource
-from ascend_core.contracts.static_view import StaticView
+from ascend_core.contracts.static_view import StaticView, instance_attributes
 from ascend_core.upstream.version import installed_vllm_version
 
 _LITERAL_TYPES = (str, int, float, bool, type(None), tuple)
@@ -44,6 +46,16 @@ def _class_params(cls: type) -> tuple[Param, ...] | None:
     return None
 
 
+def _instance_attributes(klass: type) -> set[str]:
+    """`self.x = ...` in the class's own methods, read from its source (no instance is made)."""
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(klass)))
+    except (OSError, TypeError, SyntaxError):
+        return set()
+    node = next((n for n in tree.body if isinstance(n, ast.ClassDef)), None)
+    return instance_attributes(node) if node is not None else set()
+
+
 def _class_members(cls: type) -> frozenset[str]:
     names: set[str] = set()
     for klass in inspect.getmro(cls):
@@ -51,6 +63,8 @@ def _class_members(cls: type) -> frozenset[str]:
             continue
         names.update(vars(klass))
         names.update(getattr(klass, "__annotations__", {}))
+        if klass.__module__.split(".")[0] == "vllm":
+            names.update(_instance_attributes(klass))
     if dataclasses.is_dataclass(cls):
         names.update(f.name for f in dataclasses.fields(cls))
     return frozenset(names)

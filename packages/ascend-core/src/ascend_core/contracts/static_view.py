@@ -73,6 +73,23 @@ def _collect_bindings(body: list[ast.stmt], into: dict[str, tuple[Any, ...]]) ->
             _collect_bindings(stmt.body, into)
 
 
+def instance_attributes(cls: ast.ClassDef) -> set[str]:
+    """Names a class's own methods assign on `self` (`self.x = ...`): attributes every instance carries."""
+    names: set[str] = set()
+    for stmt in cls.body:
+        if not isinstance(stmt, ast.FunctionDef | ast.AsyncFunctionDef) or not stmt.args.args:
+            continue
+        this = stmt.args.args[0].arg
+        for node in ast.walk(stmt):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target] \
+                if isinstance(node, ast.AnnAssign | ast.AugAssign) else []
+            for target in targets:
+                for leaf in ast.walk(target):
+                    if isinstance(leaf, ast.Attribute) and isinstance(leaf.value, ast.Name) and leaf.value.id == this:
+                        names.add(leaf.attr)
+    return names
+
+
 def _lazy_names(binding: tuple[Any, ...] | None) -> set[str]:
     """Names a module-level `__getattr__` hands out, read from the string constants it compares `name` with."""
     if binding is None or binding[0] != "function":
@@ -269,7 +286,7 @@ class StaticView:
         if depth <= _MAX_DEPTH:
             for base in reversed(self._bases(cls, depth)):
                 members.update(self._class_members(base, depth + 1))
-        own: dict[str, tuple[Any, ...]] = {}
+        own: dict[str, tuple[Any, ...]] = {name: ("value", None, None) for name in instance_attributes(cls.node)}
         _collect_bindings(cls.node.body, own)
         for name, binding in own.items():
             if binding[0] in ("class", "function"):
