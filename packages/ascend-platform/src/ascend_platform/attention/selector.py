@@ -1,0 +1,67 @@
+"""Which Ascend attention backend a layer gets, keyed on (use_mla, use_sparse, compressed), with the 310P override.
+
+Kept free of vLLM imports so the table is testable on its own; `NPUPlatform.get_attn_backend_cls` calls
+`select_attention_backend`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+_PKG = "ascend_platform.attention"
+
+ATTENTION_BACKEND = f"{_PKG}.backend.AscendAttentionBackend"
+ATTENTION_310P_BACKEND = f"{_PKG}.backend.Ascend310PAttentionBackend"
+
+# (use_mla, use_sparse, compressed) -> backend class path, or None where the backend is not built yet.
+BACKENDS: dict[tuple[bool, bool, bool], str | None] = {
+    (False, False, False): ATTENTION_BACKEND,
+    (True, False, False): None,  # MLA
+    (True, True, False): None,  # SFA: sparse flash attention (DeepSeek V3.2)
+    (True, True, True): None,  # DSA with the compressed indexer cache (DeepSeek V4)
+    (True, False, True): None,  # compressed MLA
+}
+NAMES = {
+    (False, False, False): "ASCEND",
+    (True, False, False): "ASCEND_MLA",
+    (True, True, False): "ASCEND_SFA",
+    (True, True, True): "ASCEND_DSA",
+    (True, False, True): "ASCEND_MLA_COMPRESSED",
+}
+
+
+@dataclass(frozen=True)
+class AttentionChoice:
+    use_mla: bool
+    use_sparse: bool
+    compressed: bool
+    is_310p: bool
+
+    @property
+    def key(self) -> tuple[bool, bool, bool]:
+        return (self.use_mla, self.use_sparse, self.compressed)
+
+
+def register_backend_names() -> None:
+    """Give vLLM's `AttentionBackendEnum` our backends' names (layers look their backend up by `get_name()`)."""
+    from vllm.v1.attention.backends.registry import AttentionBackendEnum, register_backend
+
+    for name, path in (("ASCEND", ATTENTION_BACKEND), ("ASCEND_310P", ATTENTION_310P_BACKEND)):
+        if name not in AttentionBackendEnum.__members__:
+            register_backend(name, path)
+
+
+def select_attention_backend(choice: AttentionChoice) -> str:
+    """The backend class path for `choice`; a clear error for combinations we do not serve."""
+    if choice.is_310p:
+        if choice.use_mla or choice.use_sparse:
+            raise NotImplementedError("310P serves standard attention only (no MLA/sparse attention on 310P)")
+        return ATTENTION_310P_BACKEND
+    if choice.key not in BACKENDS:
+        raise ValueError(f"no Ascend attention backend for use_mla={choice.use_mla}, use_sparse={choice.use_sparse}, "
+                         f"compressed={choice.compressed}")
+    path = BACKENDS[choice.key]
+    if path is None:
+        raise NotImplementedError(f"Ascend attention backend {NAMES[choice.key]} (use_mla={choice.use_mla}, "
+                                  f"use_sparse={choice.use_sparse}, compressed={choice.compressed}) is not built yet")
+    return path

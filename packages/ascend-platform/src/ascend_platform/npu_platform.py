@@ -1,0 +1,204 @@
+"""`AscendPlatformBase`: the hooks every Ascend lane shares, and `AscendNPUPlatform`, the real-device platform.
+
+The base decides everything that is Ascend policy (typed plugin config, worker class, block size, graph mode,
+custom ops, attention backend); subclasses say what device the tensors live on. torch_npu is only touched by the
+real-device methods, and only when called.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING, Any
+
+import torch
+from vllm.logger import init_logger
+from vllm.platforms.interface import Platform, PlatformEnum
+
+from ascend_platform.attention.selector import AttentionChoice, register_backend_names, select_attention_backend
+from ascend_platform.plugin_config import AscendConfig, parse_ascend_config
+
+if TYPE_CHECKING:
+    from vllm.config import VllmConfig
+
+logger = init_logger(__name__)
+
+WORKER_CLS = "ascend_platform.worker.worker.AscendWorker"
+DEFAULT_BLOCK_SIZE = 128
+_COMPRESSED_MODEL_TYPES = frozenset({"deepseek_v4"})
+
+_config_by_id: dict[int, AscendConfig] = {}
+
+
+def ascend_config_of(vllm_config: VllmConfig) -> AscendConfig:
+    """The validated plugin config of `vllm_config` (parsed once per config object)."""
+    key = id(vllm_config.additional_config)
+    if key not in _config_by_id:
+        _config_by_id[key] = parse_ascend_config(vllm_config.additional_config)
+    return _config_by_id[key]
+
+
+class AscendPlatformBase(Platform):
+    _enum = PlatformEnum.OOT
+    device_name: str = "npu"
+    device_type: str = "npu"
+    simulated: bool = False
+    supported_quantization: list[str] = []
+
+    # ---- configuration -------------------------------------------------------------------------------------------
+    @classmethod
+    def check_and_update_config(cls, vllm_config: VllmConfig) -> None:
+        ascend = ascend_config_of(vllm_config)  # raises AscendConfigError (one line) on a bad additional_config
+        cls._update_device_config(vllm_config)
+        cls._decide_worker(vllm_config)
+        cls._decide_block_size(vllm_config, ascend)
+        cls._decide_graph_mode(vllm_config, ascend)
+        cls._decide_custom_ops(vllm_config, ascend)
+        logger.info("Ascend platform (%s lane): %s", "simulated" if cls.simulated else "npu", ascend.model_dump())
+
+    @classmethod
+    def _update_device_config(cls, vllm_config: VllmConfig) -> None:
+        """Device-specific settings; the simulated lane reuses vLLM's CPU platform here."""
+
+    @classmethod
+    def _decide_worker(cls, vllm_config: VllmConfig) -> None:
+        parallel = vllm_config.parallel_config
+        if parallel.worker_cls in ("auto", "vllm.v1.worker.cpu_worker.CPUWorker"):
+            parallel.worker_cls = WORKER_CLS
+
+    @classmethod
+    def _decide_block_size(cls, vllm_config: VllmConfig, ascend: AscendConfig) -> None:
+        cache = vllm_config.cache_config
+        if not cache.user_specified_block_size:
+            cache.block_size = ascend.block_size or DEFAULT_BLOCK_SIZE
+        if cache.block_size % 16:
+            raise ValueError(f"Ascend attention needs block_size to be a multiple of 16, got {cache.block_size}")
+
+    @classmethod
+    def _decide_graph_mode(cls, vllm_config: VllmConfig, ascend: AscendConfig) -> None:
+        from vllm.config import CompilationMode, CUDAGraphMode
+
+        compilation = vllm_config.compilation_config
+        eager = (ascend.graph_mode == "eager" or cls.simulated
+                 or (ascend.graph_mode == "auto" and vllm_config.model_config is not None
+                     and vllm_config.model_config.enforce_eager))
+        if eager:
+            if ascend.graph_mode in ("piecewise", "full") and cls.simulated:
+                logger.info("graph_mode=%s is ignored in the simulated lane (no device graphs on the CPU)",
+                            ascend.graph_mode)
+            compilation.cudagraph_mode = CUDAGraphMode.NONE
+            compilation.cudagraph_capture_sizes = []
+            compilation.mode = CompilationMode.NONE
+            return
+        compilation.cudagraph_mode = (CUDAGraphMode.FULL_DECODE_ONLY if ascend.graph_mode == "full"
+                                      else CUDAGraphMode.PIECEWISE)
+        if ascend.graph_capture_sizes is not None:
+            compilation.cudagraph_capture_sizes = list(ascend.graph_capture_sizes)
+
+    @classmethod
+    def _decide_custom_ops(cls, vllm_config: VllmConfig, ascend: AscendConfig) -> None:
+        ops = vllm_config.compilation_config.custom_ops
+        if ascend.custom_ops:
+            if "none" not in ops and "all" not in ops:
+                ops.append("all")  # our OOT ops (forward_oot) replace the natives
+        elif "none" not in ops:
+            ops.append("none")
+
+    # ---- attention -----------------------------------------------------------------------------------------------
+    @classmethod
+    def get_attn_backend_cls(cls, selected_backend: Any, attn_selector_config: Any,
+                             num_heads: int | None = None) -> str:
+        from vllm.config import get_current_vllm_config_or_none
+
+        vllm_config = get_current_vllm_config_or_none()
+        ascend = ascend_config_of(vllm_config) if vllm_config is not None else AscendConfig()
+        model_type = getattr(getattr(getattr(vllm_config, "model_config", None), "hf_config", None),
+                             "model_type", None)
+        choice = AttentionChoice(
+            use_mla=bool(attn_selector_config.use_mla),
+            use_sparse=bool(attn_selector_config.use_sparse),
+            compressed=model_type in _COMPRESSED_MODEL_TYPES,
+            is_310p=cls.chip(ascend) == "310P",
+        )
+        register_backend_names()
+        if selected_backend is not None:
+            logger.info("Ascend platform ignores attention backend %s; choosing by %s", selected_backend, choice)
+        return select_attention_backend(choice)
+
+    @classmethod
+    def chip(cls, ascend: AscendConfig) -> str:
+        return ascend.chip if ascend.chip != "auto" else "A2"
+
+    # ---- capabilities --------------------------------------------------------------------------------------------
+    def is_sleep_mode_available(self) -> bool:
+        return True
+
+    @classmethod
+    def support_hybrid_kv_cache(cls) -> bool:
+        return True
+
+    @classmethod
+    def is_pin_memory_available(cls) -> bool:
+        return not cls.simulated
+
+    @classmethod
+    def get_punica_wrapper(cls) -> str:
+        return "vllm.lora.punica_wrapper.punica_cpu.PunicaWrapperCPU"
+
+    @classmethod
+    def supports_structured_output(cls) -> bool:
+        return True
+
+
+class AscendNPUPlatform(AscendPlatformBase):
+    """A real Ascend NPU through torch_npu (PrivateUse1)."""
+
+    device_name: str = "npu"
+    device_type: str = "npu"
+    dispatch_key: str = "PrivateUse1"
+    ray_device_key: str = "NPU"
+    device_control_env_var: str = "ASCEND_RT_VISIBLE_DEVICES"
+    dist_backend: str = "hccl"
+    simple_compile_backend: str = "eager"
+
+    @classmethod
+    def _update_device_config(cls, vllm_config: VllmConfig) -> None:
+        from ascend_platform.facade import select_kernel_backend
+
+        ascend = ascend_config_of(vllm_config)
+        select_kernel_backend("reference" if ascend.kernel_backend == "reference" else "npu")
+
+    @classmethod
+    def import_kernels(cls) -> None:
+        import torch_npu  # noqa: F401  (registers the npu device; only on a real device)
+
+    @classmethod
+    def get_device_name(cls, device_id: int = 0) -> str:
+        return torch.npu.get_device_name(device_id)
+
+    @classmethod
+    def get_device_total_memory(cls, device_id: int = 0) -> int:
+        return torch.npu.get_device_properties(device_id).total_memory
+
+    @classmethod
+    def set_device(cls, device: torch.device) -> None:
+        torch.npu.set_device(device)
+
+    @classmethod
+    def inference_mode(cls):
+        return torch.inference_mode()
+
+    @classmethod
+    def get_current_memory_usage(cls, device: Any = None) -> float:
+        torch.npu.reset_peak_memory_stats(device)
+        return torch.npu.max_memory_allocated(device)
+
+    @classmethod
+    def get_device_communicator_cls(cls) -> str:
+        return "vllm.distributed.device_communicators.base_device_communicator.DeviceCommunicatorBase"
+
+    @classmethod
+    def chip(cls, ascend: AscendConfig) -> str:
+        if ascend.chip != "auto":
+            return ascend.chip
+        name = os.environ.get("ASCEND_CHIP_NAME") or ""
+        return "310P" if "310P" in name else "A2"

@@ -1,0 +1,42 @@
+"""Out-of-tree replacements for vLLM's RMSNorm and SiluAndMul, calling `ascend_kernels`.
+
+vLLM instantiates the class registered with `CustomOp.register_oot` under the in-tree class name, and on an
+out-of-tree platform dispatches to `forward_oot`. Registration is global in vLLM and rejects duplicates, so
+`register_custom_ops()` runs once per process (the worker calls it before the model is built).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ascend_platform import usage
+from ascend_platform.facade import kernel_ops
+
+_registered = False
+
+
+def register_custom_ops() -> bool:
+    """Register our ops with vLLM; returns False when they were already registered in this process."""
+    global _registered
+    if _registered:
+        return False
+    from vllm.model_executor.custom_op import CustomOp
+    from vllm.model_executor.layers.activation import SiluAndMul
+    from vllm.model_executor.layers.layernorm import RMSNorm
+
+    @CustomOp.register_oot(name="RMSNorm")
+    class AscendRMSNorm(RMSNorm):
+        def forward_oot(self, x: torch.Tensor, residual: torch.Tensor | None = None):
+            if self.variance_size_override is not None or not self.has_weight:
+                return self.forward_native(x, residual)
+            usage.count("kernels.rms_norm")
+            return kernel_ops().rms_norm(x, self.weight.data, self.variance_epsilon, residual=residual)
+
+    @CustomOp.register_oot(name="SiluAndMul")
+    class AscendSiluAndMul(SiluAndMul):
+        def forward_oot(self, x: torch.Tensor) -> torch.Tensor:
+            usage.count("kernels.silu_and_mul")
+            return kernel_ops().silu_and_mul(x)
+
+    _registered = True
+    return True

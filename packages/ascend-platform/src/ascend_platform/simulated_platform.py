@@ -1,0 +1,44 @@
+"""`SimulatedNPUPlatform`: the Ascend platform running on the CPU device (the simulated-NPU lane).
+
+Ascend policy comes from `AscendPlatformBase` (first in the MRO); the device bits (memory queries, communicator,
+OpenMP/LD_PRELOAD environment, vLLM's C++ CPU kernels for the model's GEMMs) come from vLLM's own `CpuPlatform`,
+which is what a CPU device needs. The enum stays OOT so vLLM takes its out-of-tree paths (custom ops dispatch to
+`forward_oot`), as it does on a real NPU; attention and the KV cache are ours, through `ascend_kernels`' reference
+backend.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from vllm.platforms.cpu import CpuPlatform
+
+from ascend_platform.facade import select_kernel_backend
+from ascend_platform.npu_platform import AscendPlatformBase, ascend_config_of
+
+if TYPE_CHECKING:
+    from vllm.config import VllmConfig
+
+
+class SimulatedNPUPlatform(AscendPlatformBase, CpuPlatform):
+    device_name: str = "cpu"
+    device_type: str = "cpu"
+    dispatch_key: str = "CPU"
+    dist_backend: str = "gloo"
+    ray_device_key: str = ""
+    device_control_env_var: str = CpuPlatform.device_control_env_var
+    simulated = True
+
+    @classmethod
+    def get_device_name(cls, device_id: int = 0) -> str:
+        return "npu (simulated on cpu)"
+
+    @classmethod
+    def _update_device_config(cls, vllm_config: VllmConfig) -> None:
+        # vLLM's CPU policy for the CPU device: KV space from VLLM_CPU_KVCACHE_SPACE, mp executor, worker env.
+        CpuPlatform.check_and_update_config.__func__(cls, vllm_config)
+        ascend = ascend_config_of(vllm_config)
+        if ascend.kernel_backend == "npu":
+            raise ValueError("Invalid Ascend additional_config: kernel_backend='npu' needs an NPU; "
+                             "the simulated lane allows 'auto' or 'reference'")
+        select_kernel_backend("reference")

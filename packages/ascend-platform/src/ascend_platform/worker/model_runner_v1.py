@@ -1,0 +1,54 @@
+"""The V1 model runner of the Ascend platform: vLLM's runner with our KV allocation and binding.
+
+`AscendRunnerV1Mixin` only replaces `initialize_kv_cache_tensors` (allocate with our allocator, bind vLLM's layers
+and our attention impls) and adds `release_kv_cache`/`reallocate_kv_cache` for sleep mode. The simulated lane
+puts it on vLLM's CPU runner (its host/device buffer handling is exactly what a CPU device needs); a device uses
+vLLM's GPU runner.
+"""
+
+from __future__ import annotations
+
+from contextlib import AbstractContextManager
+from typing import Any
+
+import torch
+from vllm.v1.worker.cpu_model_runner import CPUModelRunner
+from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+from vllm.v1.worker.utils import bind_kv_cache
+
+from ascend_platform import usage
+from ascend_platform.worker import kv_binding
+
+
+class AscendRunnerV1Mixin:
+    ascend_kv: Any = None
+
+    def initialize_kv_cache_tensors(self, kv_cache_config: Any, kernel_block_sizes: list[int],
+                                    kv_cache_allocation_context: AbstractContextManager | None = None,
+                                    ) -> dict[str, torch.Tensor]:
+        usage.note("runner", "v1")
+        self.ascend_kv = kv_binding.allocate(kv_cache_config, self.vllm_config, self.device, kernel_block_sizes,
+                                             kv_cache_allocation_context)
+        shared = dict(self.shared_kv_cache_layers)
+        kv_caches = kv_binding.vllm_views(self.ascend_kv, shared)
+        num_attn_module = 2 if self.model_config.hf_config.model_type == "longcat_flash" else 1
+        bind_kv_cache(kv_caches, self.compilation_config.static_forward_context, self.kv_caches, num_attn_module,
+                      kv_cache_groups=kv_cache_config.kv_cache_groups)
+        kv_binding.bind_ascend_impls(self.ascend_kv, self.compilation_config.static_forward_context, shared)
+        return kv_caches
+
+    def release_kv_cache(self) -> None:
+        kv_binding.unbind_ascend_impls(self.compilation_config.static_forward_context)
+        self.kv_caches.clear()
+        self.ascend_kv = None
+
+    def reallocate_kv_cache(self) -> None:
+        self.initialize_kv_cache_tensors(self.kv_cache_config, self._kernel_block_sizes)
+
+
+class SimulatedModelRunnerV1(AscendRunnerV1Mixin, CPUModelRunner):
+    """V1 runner on the CPU device (simulated-NPU lane)."""
+
+
+class NPUModelRunnerV1(AscendRunnerV1Mixin, GPUModelRunner):
+    """V1 runner on an NPU (torch_npu mirrors the CUDA runtime API the GPU runner uses)."""

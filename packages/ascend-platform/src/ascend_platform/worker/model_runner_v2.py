@@ -1,0 +1,72 @@
+"""The Model Runner V2 of the Ascend platform: vLLM's MRV2 with our KV allocation and binding.
+
+MRV2 allocates inside `initialize_kv_cache` through a module-level `init_kv_cache` and has no hook for it, so our
+runner swaps in `_ascend_init_kv_cache` for the duration of that call via the registered patch
+`mrv2.init_kv_cache` (see `ascend_platform.patches.catalogue`). Nothing stays patched afterwards.
+"""
+
+from __future__ import annotations
+
+from contextlib import AbstractContextManager
+from typing import Any
+
+import torch
+from vllm.v1.worker.cpu.model_runner import CPUModelRunner as CPUModelRunnerV2
+from vllm.v1.worker.gpu.attn_utils import get_shared_kv_cache_layers
+from vllm.v1.worker.gpu.model_runner import GPUModelRunner as GPUModelRunnerV2
+from vllm.v1.worker.utils import bind_kv_cache_to_layers
+
+from ascend_platform import usage
+from ascend_platform.patches import REGISTRY
+from ascend_platform.worker import kv_binding
+
+
+class AscendRunnerV2Mixin:
+    ascend_kv: Any = None
+
+    def initialize_kv_cache(self, kv_cache_config: Any, is_profiling: bool = False,
+                            kv_cache_allocation_context: AbstractContextManager | None = None) -> None:
+        usage.note("runner", "v2")
+        with REGISTRY.applied("mrv2.init_kv_cache", self._ascend_init_kv_cache):
+            super().initialize_kv_cache(kv_cache_config, is_profiling=is_profiling,
+                                        kv_cache_allocation_context=kv_cache_allocation_context)
+
+    def _ascend_init_kv_cache(self, forward_context: dict[str, Any], kv_cache_config: Any, device: torch.device,
+                              kernel_block_sizes: list[int], vllm_config: Any,
+                              kv_cache_allocation_context: AbstractContextManager | None = None, *,
+                              block_tables: Any = None, attn_groups: Any = ()) -> dict[str, torch.Tensor]:
+        if vllm_config.attention_config.hisparse_config is not None:
+            raise NotImplementedError("HiSparse KV caches are not supported by the Ascend runner")
+        self.ascend_kv = kv_binding.allocate(kv_cache_config, vllm_config, device, kernel_block_sizes,
+                                             kv_cache_allocation_context)
+        self._ascend_kernel_block_sizes = list(kernel_block_sizes)
+        return self._bind(forward_context, kv_cache_config, vllm_config)
+
+    def _bind(self, forward_context: dict[str, Any], kv_cache_config: Any, vllm_config: Any) -> dict[str, Any]:
+        shared = get_shared_kv_cache_layers(vllm_config)
+        kv_caches = kv_binding.vllm_views(self.ascend_kv, shared)
+        num_attn_module = 2 if vllm_config.model_config.hf_config.model_type == "longcat_flash" else 1
+        bind_kv_cache_to_layers({n: c for n, c in kv_caches.items() if n in forward_context}, forward_context,
+                                num_attn_module, kv_cache_groups=kv_cache_config.kv_cache_groups)
+        kv_binding.bind_ascend_impls(self.ascend_kv, forward_context, shared)
+        return kv_caches
+
+    def release_kv_cache(self) -> None:
+        kv_binding.unbind_ascend_impls(self.compilation_config.static_forward_context)
+        self.kv_caches = []
+        self.ascend_kv = None
+
+    def reallocate_kv_cache(self) -> None:
+        forward_context = self.compilation_config.static_forward_context
+        self.ascend_kv = kv_binding.allocate(self.kv_cache_config, self.vllm_config, self.device,
+                                             self._ascend_kernel_block_sizes)
+        kv_caches = self._bind(forward_context, self.kv_cache_config, self.vllm_config)
+        self.kv_caches = [c for c in kv_caches.values() if c.device == self.device]
+
+
+class SimulatedModelRunnerV2(AscendRunnerV2Mixin, CPUModelRunnerV2):
+    """MRV2 on the CPU device (simulated-NPU lane)."""
+
+
+class NPUModelRunnerV2(AscendRunnerV2Mixin, GPUModelRunnerV2):
+    """MRV2 on an NPU."""

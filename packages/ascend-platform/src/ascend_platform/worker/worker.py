@@ -1,0 +1,131 @@
+"""The Ascend worker: builds our runners (V1 or MRV2), serves sleep mode and the usage report.
+
+`AscendWorker` is bound to the lane like `NPUPlatform`: in the simulated lane it is `SimulatedAscendWorker`, built
+on vLLM's `CPUWorker` (memory accounting, thread binding and KV sizing of a CPU device); on a device it is
+`NPUWorker`, built on vLLM's GPU `Worker`. Both differ from their parents only in the runner they construct,
+sleep mode, and `ascend_usage()`.
+"""
+
+from __future__ import annotations
+
+import os
+from contextlib import AbstractContextManager, nullcontext
+from typing import Any
+
+import torch
+from vllm.logger import init_logger
+
+from ascend_platform import usage
+from ascend_platform.facade import kernel_backend_name
+from ascend_platform.registration import simulate_requested
+from ascend_platform.worker.sleep import SleepController
+
+logger = init_logger(__name__)
+
+
+class AscendWorkerMixin:
+    _sleep: SleepController | None = None
+
+    def _runner_classes(self) -> tuple[type, type]:
+        raise NotImplementedError
+
+    def _build_runner(self) -> Any:
+        from ascend_platform.ops.custom_ops import register_custom_ops
+
+        register_custom_ops()
+        v1_cls, v2_cls = self._runner_classes()
+        cls = v2_cls if self.use_v2_model_runner else v1_cls
+        logger.info("Ascend worker: %s", cls.__name__)
+        usage.note("runner_class", f"{cls.__module__}.{cls.__qualname__}")
+        usage.note("kernel_backend", kernel_backend_name())
+        return cls(self.vllm_config, self.device)
+
+    @property
+    def sleep_controller(self) -> SleepController:
+        if self._sleep is None:
+            self._sleep = SleepController(self.model_runner)
+        return self._sleep
+
+    def _maybe_get_memory_pool_context(self, tag: str) -> AbstractContextManager:
+        return nullcontext()  # sleep mode keeps host copies itself (SleepController): no cumem memory pool
+
+    def sleep(self, level: int = 1) -> None:
+        self.sleep_controller.sleep(level)
+
+    def wake_up(self, tags: list[str] | None = None) -> None:
+        self.sleep_controller.wake_up(tags)
+
+    def ascend_usage(self) -> dict[str, Any]:
+        """What ran in this worker: counters from our parts, the runner, allocator and kernel backend."""
+        report = usage.snapshot()
+        report["sleep"] = self.sleep_controller.state()
+        attn = {type(getattr(layer, "impl", None)).__qualname__
+                for layer in self.model_runner.compilation_config.static_forward_context.values()}
+        report["attention_impls"] = sorted(a for a in attn if a != "NoneType")
+        return report
+
+
+def _simulated_worker() -> type:
+    from vllm.distributed.parallel_state import get_pp_group  # noqa: F401  (vLLM's CPU worker imports order)
+    from vllm.utils.torch_utils import set_random_seed
+    from vllm.v1.worker.cpu_worker import CPUWorker
+    from vllm.v1.worker.gpu_worker import init_worker_distributed_environment
+
+    class SimulatedAscendWorker(AscendWorkerMixin, CPUWorker):
+        """The Ascend worker on the CPU device."""
+
+        def _runner_classes(self) -> tuple[type, type]:
+            from ascend_platform.worker.model_runner_v1 import SimulatedModelRunnerV1
+            from ascend_platform.worker.model_runner_v2 import SimulatedModelRunnerV2
+
+            return SimulatedModelRunnerV1, SimulatedModelRunnerV2
+
+        def init_device(self) -> None:
+            # CPUWorker.init_device minus its hard-wired runner: the same environment and distributed setup.
+            from vllm.platforms import current_platform
+
+            self.device = torch.device("cpu")
+
+            def skip_set_num_threads(n: int) -> None:
+                logger.warning("torch.set_num_threads(%d) skipped after the CPU thread binding", n)
+
+            torch.set_num_threads = skip_set_num_threads
+            init_method = self.distributed_init_method
+            os.environ["VLLM_DIST_IDENT"] = (os.path.basename(init_method.removeprefix("file://"))
+                                             if init_method.startswith("file://") else init_method.split(":")[-1])
+            init_worker_distributed_environment(self.vllm_config, self.rank, self.distributed_init_method,
+                                                self.local_rank, current_platform.dist_backend)
+            set_random_seed(self.model_config.seed)
+            self.model_runner = self._build_runner()
+
+    return SimulatedAscendWorker
+
+
+def _npu_worker() -> type:
+    from vllm.v1.worker.gpu_worker import Worker
+
+    class NPUWorker(AscendWorkerMixin, Worker):
+        """The Ascend worker on an NPU (torch_npu); device setup follows vLLM's GPU worker."""
+
+        def _runner_classes(self) -> tuple[type, type]:
+            from ascend_platform.worker.model_runner_v1 import NPUModelRunnerV1
+            from ascend_platform.worker.model_runner_v2 import NPUModelRunnerV2
+
+            return NPUModelRunnerV1, NPUModelRunnerV2
+
+        def init_device(self) -> None:
+            from vllm.platforms import current_platform
+            from vllm.utils.torch_utils import set_random_seed
+            from vllm.v1.worker.gpu_worker import init_worker_distributed_environment
+
+            self.device = torch.device(f"npu:{self.local_rank}")
+            current_platform.set_device(self.device)
+            init_worker_distributed_environment(self.vllm_config, self.rank, self.distributed_init_method,
+                                                self.local_rank, current_platform.dist_backend)
+            set_random_seed(self.model_config.seed)
+            self.model_runner = self._build_runner()
+
+    return NPUWorker
+
+
+AscendWorker = _simulated_worker() if simulate_requested() else _npu_worker()
