@@ -1,0 +1,68 @@
+"""Byte geometry of vLLM's per-layer views: storage dedupe, contiguity and overlap checks, kernel-block ratio."""
+
+import pytest
+import torch
+
+from ascend_kv_transfer.kv_regions import KVLayoutError, describe_kv_caches
+
+
+def _layer_major(num_layers=3, blocks=8, heads=2, tokens=4, width=8, dtype=torch.float32):
+    """Like vLLM's LBHNC allocation: one int8 buffer, per-layer [B, H, N, C] views."""
+    page = heads * tokens * width * dtype.itemsize
+    raw = torch.zeros(num_layers * blocks * page, dtype=torch.int8)
+    views = {}
+    for layer in range(num_layers):
+        chunk = raw[layer * blocks * page:(layer + 1) * blocks * page]
+        views[f"layers.{layer}"] = chunk.view(dtype).view(blocks, heads, tokens, width)
+    return raw, views, page
+
+
+def test_one_storage_behind_many_layers():
+    raw, views, page = _layer_major()
+    kv = describe_kv_caches(views, num_blocks=8, groups={"layers.2": 1})
+    assert len(kv.storages) == 1 and kv.storages[0].addr == raw.data_ptr()
+    assert kv.storages[0].nbytes == raw.nbytes
+    assert [r.page_bytes for r in kv.regions] == [page] * 3
+    assert [r.block_stride for r in kv.regions] == [page] * 3
+    assert kv.regions[1].base_addr == raw.data_ptr() + 8 * page
+    assert [r.group for r in kv.regions] == [0, 0, 1]
+    assert kv.bytes_per_block == 3 * page
+
+
+def test_separate_buffers_are_separate_storages():
+    views = {f"l{i}": torch.zeros(4, 2, 4, 8) for i in range(2)}
+    assert len(describe_kv_caches(views).storages) == 2
+
+
+def test_block_major_layout_is_strided_but_valid():
+    raw = torch.zeros(8, 2, 64)  # blocks x layers x page
+    views = {"a": raw[:, 0, :].view(8, 64), "b": raw[:, 1, :].view(8, 64)}
+    kv = describe_kv_caches(views)
+    assert kv.regions[0].block_stride == 2 * 64 * 4 and kv.regions[0].page_bytes == 64 * 4
+    assert len(kv.storages) == 1
+
+
+def test_kernel_blocks_merge_into_manager_blocks():
+    _, views, page = _layer_major(blocks=8)
+    kv = describe_kv_caches(views, num_blocks=4)
+    assert kv.regions[0].page_bytes == 2 * page and kv.regions[0].num_blocks == 4
+
+
+def test_non_contiguous_page_is_rejected_with_the_layer_name():
+    t = torch.zeros(2, 8, 4, 8).transpose(0, 1)  # heads outside blocks: a page is strided
+    with pytest.raises(KVLayoutError, match="'bad'.*not contiguous"):
+        describe_kv_caches({"bad": t})
+
+
+def test_overlapping_layers_are_rejected():
+    raw = torch.zeros(10 * 64)
+    views = {"a": raw[:8 * 64].view(8, 64), "b": raw[64:9 * 64].view(8, 64)}
+    with pytest.raises(KVLayoutError, match="'a' and 'b' overlap"):
+        describe_kv_caches(views)
+
+
+def test_overlapping_pages_within_a_layer_are_rejected():
+    raw = torch.zeros(1000)
+    t = torch.as_strided(raw, (8, 64), (32, 1))
+    with pytest.raises(KVLayoutError, match="pages overlap"):
+        describe_kv_caches({"x": t})

@@ -1,0 +1,53 @@
+"""Run coalescing, per-layer entries and chunking under Mooncake's per-peer queue limit."""
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from ascend_kv_transfer.p2p.plan import Run, build_entries, chunk, coalesce_runs
+from ascend_kv_transfer.p2p.schema import LayerRegion
+
+
+def test_coalesce_runs_breaks_where_either_side_jumps():
+    assert coalesce_runs([4, 5, 6, 9, 10], [0, 1, 2, 3, 4]) == [Run(4, 0, 3), Run(9, 3, 2)]
+    assert coalesce_runs([1, 2, 3], [7, 9, 10]) == [Run(1, 7, 1), Run(2, 9, 2)]
+    assert coalesce_runs([], []) == []
+
+
+@given(st.lists(st.tuples(st.integers(0, 50), st.integers(0, 50)), max_size=60))
+def test_coalesce_runs_covers_every_pair_in_order(pairs):
+    local = [a for a, _ in pairs]
+    remote = [b for _, b in pairs]
+    runs = coalesce_runs(local, remote)
+    expanded = [(r.local_start + i, r.remote_start + i) for r in runs for i in range(r.length)]
+    assert expanded == pairs
+    for a, b in zip(runs, runs[1:], strict=False):
+        assert not (b.local_start == a.local_start + a.length and b.remote_start == a.remote_start + a.length)
+
+
+def _region(name, base, stride, page, blocks=100):
+    return LayerRegion(name=name, base_addr=base, block_stride=stride, page_bytes=page, num_blocks=blocks)
+
+
+def test_dense_layers_give_one_entry_per_layer_and_run():
+    pairs = [(_region(f"l{i}", 1000 * i, 10, 10), _region(f"l{i}", 50000 + 1000 * i, 10, 10)) for i in range(3)]
+    runs = coalesce_runs([1, 2, 3, 7], [5, 6, 7, 8])
+    entries = build_entries(pairs, runs)
+    assert len(entries) == 3 * 2
+    assert entries.local[:2] == [10, 70] and entries.remote[:2] == [50050, 50080]
+    assert entries.lengths[:2] == [30, 10]
+    assert entries.nbytes == 3 * 4 * 10
+
+
+def test_padded_pages_fall_back_to_one_entry_per_page():
+    pairs = [(_region("l", 0, 16, 10), _region("l", 1000, 16, 10))]
+    entries = build_entries(pairs, [Run(2, 3, 3)])
+    assert entries.local == [32, 48, 64] and entries.remote == [1048, 1064, 1080] and entries.lengths == [10] * 3
+
+
+def test_chunks_stay_under_the_limit_and_keep_order():
+    pairs = [(_region("l", 0, 1, 1, 5000), _region("l", 0, 1, 1, 5000))]
+    entries = build_entries(pairs, coalesce_runs(list(range(0, 5000, 2)), list(range(0, 5000, 2))))
+    assert len(entries) == 2500
+    batches = chunk(entries, 1000)
+    assert [len(b) for b in batches] == [1000, 1000, 500]
+    assert sum((b.local for b in batches), []) == entries.local
