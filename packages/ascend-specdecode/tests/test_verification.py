@@ -1,11 +1,16 @@
-"""Greedy verification: the kernel bridge against a per-request loop that states the rule plainly."""
+"""Verification through the `ascend_kernels` rejection sampler, in vLLM V1's flattened layout.
+
+The rule is stated plainly as a per-request loop; the bridge (padding, dtypes, the kernel's decision) must agree.
+"""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from ascend_specdecode.kernel_bridge import PLACEHOLDER, greedy_verify
+from ascend_specdecode.kernel_bridge import PLACEHOLDER, greedy_verify, verify
+
+VOCAB = 6
 
 
 def rule(drafts, target, counts, bonus, k):
@@ -23,24 +28,39 @@ def rule(drafts, target, counts, bonus, k):
     return rows
 
 
+def one_hot_logits(ids: torch.Tensor) -> torch.Tensor:
+    return torch.nn.functional.one_hot(ids, VOCAB).float() * 5.0
+
+
 @pytest.mark.parametrize("seed", range(20))
 def test_greedy_verify_matches_the_rule(seed):
     gen = torch.Generator().manual_seed(seed)
     k = int(torch.randint(1, 5, (1,), generator=gen))
     counts = torch.randint(0, k + 1, (int(torch.randint(1, 6, (1,), generator=gen)),), generator=gen).tolist()
     total = sum(counts)
-    target = torch.randint(0, 4, (total,), generator=gen)
-    drafts = torch.where(torch.rand(total, generator=gen) < 0.7, target, torch.randint(0, 4, (total,), generator=gen))
+    target = torch.randint(0, VOCAB, (total,), generator=gen)
+    drafts = torch.where(
+        torch.rand(total, generator=gen) < 0.7, target, torch.randint(0, VOCAB, (total,), generator=gen)
+    )
     bonus = torch.randint(100, 200, (len(counts), 1), generator=gen)
-    ends = torch.tensor(counts).cumsum(0).to(torch.int32)
-    starts = ends - torch.tensor(counts, dtype=torch.int32)
-    out = greedy_verify(drafts.to(torch.int32), target, starts, ends, bonus, k)
+    cu = torch.tensor(counts).cumsum(0).to(torch.int32)
+    out = greedy_verify(drafts.to(torch.int32), one_hot_logits(target), cu, bonus, k)
     assert out.dtype == torch.int32 and out.shape == (len(counts), k + 1)
     assert out.tolist() == rule(drafts.tolist(), target.tolist(), counts, bonus.flatten().tolist(), k)
 
 
 def test_equal_drafts_are_all_accepted_and_get_the_bonus():
-    target = torch.tensor([5, 6, 7, 8, 9, 10])
-    ends = torch.tensor([3, 6], dtype=torch.int32)
-    out = greedy_verify(target.clone(), target, ends - 3, ends, torch.tensor([[42], [43]]), 3)
-    assert out.tolist() == [[5, 6, 7, 42], [8, 9, 10, 43]]
+    target = torch.tensor([5, 4, 3, 2, 1, 0])
+    cu = torch.tensor([3, 6], dtype=torch.int32)
+    out = greedy_verify(target.to(torch.int32), one_hot_logits(target), cu, torch.tensor([[42], [43]]), 3)
+    assert out.tolist() == [[5, 4, 3, 42], [2, 1, 0, 43]]
+
+
+def test_sampled_rows_accept_certain_drafts_and_never_emit_impossible_tokens():
+    drafts = torch.tensor([1, 2, 3, 4], dtype=torch.int32)
+    cu = torch.tensor([2, 4], dtype=torch.int32)
+    probs = torch.zeros(4, VOCAB)
+    probs[0, 1] = probs[1, 2] = 1.0  # request 0: the target is certain of each draft
+    probs[2, 5] = probs[3, 5] = 1.0  # request 1: the target never picks its drafts
+    out = verify(drafts, cu, 2, None, probs, torch.tensor([9, 9]), temperature=torch.ones(2), target_is_probs=True)
+    assert out.tolist() == [[1, 2, 9], [5, PLACEHOLDER, PLACEHOLDER]]

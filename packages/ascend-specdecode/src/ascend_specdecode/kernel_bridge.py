@@ -1,8 +1,9 @@
-"""The one place that calls the `ascend_kernels` rejection sampler, in the layout vLLM's V1 verifier uses.
+"""The one place that calls `ascend_kernels.ops.rejection_sample`, converting from the layout vLLM's V1 verifier uses.
 
-Layout (upstream's): drafts of all requests flattened (request r owns ``[starts[r], ends[r])``); the output is
-``[batch, max_spec_len + 1]`` with, per request, the target's token at every verified position up to and including
-the first rejection, the bonus token when every draft was accepted, and -1 elsewhere.
+vLLM V1 flattens the drafts of all requests (request r owns rows ``[cu[r-1], cu[r])``) and expects
+``[batch, max_spec_len + 1]`` int32 output with -1 padding; the kernel takes drafts padded per request
+(``[batch, K]`` with -1) and target scores ``[batch, K, vocab]``. The decision itself (accept while the draft is
+the target's choice or passes ``u * q(x) < p(x)``; then the recovered or bonus token) is the kernel's.
 """
 
 from __future__ import annotations
@@ -12,49 +13,61 @@ import torch
 PLACEHOLDER = -1
 
 
-def greedy_verify_reference(
-    draft_token_ids: torch.Tensor,
-    target_argmax: torch.Tensor,
-    starts: torch.Tensor,
-    ends: torch.Tensor,
-    bonus_token_ids: torch.Tensor,
-    max_spec_len: int,
-) -> torch.Tensor:
-    """Pure-torch greedy verification: accept the longest prefix of drafts equal to the target's argmax."""
-    batch = starts.shape[0]
-    device = target_argmax.device
-    out = torch.full((batch, max_spec_len + 1), PLACEHOLDER, dtype=torch.int32, device=device)
-    if batch == 0:
-        return out
-    cols = torch.arange(max_spec_len, device=device)
-    n = (ends - starts).to(torch.int64)
-    valid = cols[None, :] < n[:, None]
-    total = draft_token_ids.shape[0]
-    idx = (starts.to(torch.int64)[:, None] + cols[None, :]).clamp(max=max(total - 1, 0))
-    drafts = draft_token_ids.to(torch.int64)[idx] if total else torch.zeros_like(idx)
-    target = target_argmax.to(torch.int64)[idx] if total else torch.zeros_like(idx)
-    match = (drafts == target) & valid
-    accepted = torch.cumprod(match.to(torch.int64), dim=1).sum(dim=1)  # leading run of matches
-    emit = cols[None, :] <= accepted[:, None]
-    out[:, :max_spec_len] = torch.where(emit & valid, target, PLACEHOLDER).to(torch.int32)
-    all_accepted = accepted == n
-    rows = torch.nonzero(all_accepted).flatten()
-    out[rows, n[rows]] = bonus_token_ids.reshape(-1)[rows].to(torch.int32)
+def _padded_rows(cu_num_draft_tokens: torch.Tensor, total: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(request, column) of every flattened draft row."""
+    ends = cu_num_draft_tokens.to(torch.int64)
+    counts = torch.diff(ends, prepend=ends.new_zeros(1))
+    rows = torch.repeat_interleave(torch.arange(counts.shape[0], device=ends.device), counts)
+    cols = torch.arange(total, device=ends.device) - (ends - counts)[rows]
+    return rows, cols
+
+
+def _pad(flat: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor, batch: int, k: int, fill: float) -> torch.Tensor:
+    out = flat.new_full((batch, k, *flat.shape[1:]), fill)
+    out[rows, cols] = flat
     return out
+
+
+def verify(
+    draft_token_ids: torch.Tensor,
+    cu_num_draft_tokens: torch.Tensor,
+    max_spec_len: int,
+    draft_probs: torch.Tensor | None,
+    target: torch.Tensor,
+    bonus_token_ids: torch.Tensor,
+    *,
+    temperature: torch.Tensor | None = None,
+    target_is_probs: bool = False,
+) -> torch.Tensor:
+    """Rejection-sample flattened drafts with `ascend_kernels`; ``[batch, max_spec_len + 1]`` int32, -1 padded.
+
+    `target` is ``[num_drafts, vocab]`` logits (greedy: temperature None) or final probabilities
+    (`target_is_probs`, with `temperature` only marking greedy rows).
+    """
+    from ascend_kernels.ops import rejection_sample
+
+    batch = cu_num_draft_tokens.shape[0]
+    rows, cols = _padded_rows(cu_num_draft_tokens, draft_token_ids.shape[0])
+    drafts = _pad(draft_token_ids.to(torch.int64), rows, cols, batch, max_spec_len, PLACEHOLDER)
+    scores = _pad(target, rows, cols, batch, max_spec_len, 0.0)
+    q = None if draft_probs is None else _pad(draft_probs, rows, cols, batch, max_spec_len, 0.0)
+    out, _ = rejection_sample(
+        drafts,
+        q,
+        scores,
+        bonus_token_ids.reshape(batch).to(torch.int64),
+        temperature=temperature,
+        target_is_probs=target_is_probs,
+    )
+    return out.to(torch.int32)
 
 
 def greedy_verify(
     draft_token_ids: torch.Tensor,
-    target_argmax: torch.Tensor,
-    starts: torch.Tensor,
-    ends: torch.Tensor,
+    target_logits: torch.Tensor,
+    cu_num_draft_tokens: torch.Tensor,
     bonus_token_ids: torch.Tensor,
     max_spec_len: int,
 ) -> torch.Tensor:
-    """Greedy verification through `ascend_kernels` (see `verifier_backend`)."""
-    return greedy_verify_reference(draft_token_ids, target_argmax, starts, ends, bonus_token_ids, max_spec_len)
-
-
-def verifier_backend() -> str:
-    """Which implementation `greedy_verify` runs."""
-    return "ascend_specdecode.kernel_bridge.greedy_verify_reference"
+    """Greedy verification: the longest prefix of drafts equal to the target's argmax, then its argmax or the bonus."""
+    return verify(draft_token_ids, cu_num_draft_tokens, max_spec_len, None, target_logits, bonus_token_ids)

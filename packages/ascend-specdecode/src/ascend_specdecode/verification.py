@@ -19,7 +19,7 @@ from vllm.logger import init_logger
 from vllm.v1.outputs import SamplerOutput
 from vllm.v1.sample import rejection_sampler as v1_rs
 
-from ascend_specdecode.kernel_bridge import greedy_verify
+from ascend_specdecode.kernel_bridge import greedy_verify, verify
 
 logger = init_logger(__name__)
 
@@ -91,21 +91,27 @@ class AscendRejectionSampler(v1_rs.RejectionSampler):
     ) -> torch.Tensor:
         """``[batch, max_spec_len + 1]`` output tokens, -1 after the first rejection (upstream's layout).
 
-        Greedy rows are decided by `ascend_kernels`; sampled rows (and the synthetic benchmarking mode) go through
-        upstream's probabilistic path, which needs per-request generators the kernel facade does not model.
+        The decision is `ascend_kernels`'s for every row, except for requests with their own seed (their draws come
+        from per-request generators that the kernel's single generator cannot reproduce) and the synthetic
+        benchmarking mode, which fakes the decision: those stay on upstream's path.
         """
-        starts = torch.nn.functional.pad(cu_num_draft_tokens, (1, 0))[:-1]
-        if sampling_metadata.all_greedy and not self.synthetic_mode:
-            argmax = target_logits.argmax(dim=-1)
-            return greedy_verify(draft_token_ids, argmax, starts, cu_num_draft_tokens, bonus_token_ids, max_spec_len)
-        out = v1_rs.rejection_sample(
-            draft_token_ids, num_draft_tokens, max_spec_len, cu_num_draft_tokens, draft_probs, target_logits,
-            bonus_token_ids, sampling_metadata, synthetic_mode=self.synthetic_mode,
-            synthetic_conditional_rates=self.synthetic_conditional_rates, use_fp64_gumbel=self.use_fp64_gumbel,
-        )  # fmt: skip
-        if self.synthetic_mode or sampling_metadata.all_random:
-            return out
-        greedy_rows = sampling_metadata.temperature == v1_rs.GREEDY_TEMPERATURE
-        argmax = target_logits.argmax(dim=-1)
-        greedy = greedy_verify(draft_token_ids, argmax, starts, cu_num_draft_tokens, bonus_token_ids, max_spec_len)
-        return torch.where(greedy_rows[:, None], greedy, out)
+        if self.synthetic_mode or sampling_metadata.generators:
+            return v1_rs.rejection_sample(
+                draft_token_ids, num_draft_tokens, max_spec_len, cu_num_draft_tokens, draft_probs, target_logits,
+                bonus_token_ids, sampling_metadata, synthetic_mode=self.synthetic_mode,
+                synthetic_conditional_rates=self.synthetic_conditional_rates, use_fp64_gumbel=self.use_fp64_gumbel,
+            )  # fmt: skip
+        if sampling_metadata.all_greedy:
+            return greedy_verify(draft_token_ids, target_logits, cu_num_draft_tokens, bonus_token_ids, max_spec_len)
+        # Upstream already applied temperature, top-k and top-p to target_logits: softmax gives the final p.
+        probs = target_logits.softmax(dim=-1, dtype=torch.float32)
+        return verify(
+            draft_token_ids,
+            cu_num_draft_tokens,
+            max_spec_len,
+            draft_probs,
+            probs,
+            bonus_token_ids,
+            temperature=sampling_metadata.temperature,
+            target_is_probs=True,
+        )
