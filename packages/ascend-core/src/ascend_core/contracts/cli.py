@@ -16,9 +16,10 @@ from pathlib import Path
 
 from ascend_core.contracts.checker import check
 from ascend_core.contracts.drift import drift
+from ascend_core.contracts.pin_drafts import draft_pins
 from ascend_core.contracts.pins import PinsError, load_all_pins, load_pins
 from ascend_core.contracts.report import render_table
-from ascend_core.contracts.scan import ScanResult, check_folder, scan_workspace, suggest_pins
+from ascend_core.contracts.scan import ScanResult, check_folder, scan_workspace
 from ascend_core.contracts.shapes import UpstreamView
 from ascend_core.contracts.wheels import WheelFetchError, fetch_wheel
 
@@ -119,7 +120,11 @@ def run_scan(args: argparse.Namespace) -> int:
                 first = next(u for u in result.unpinned[package] if u.symbol == symbol)
                 print(f"      {symbol}  ({first.how}, {first.file}:{first.line})")
     if args.suggest and not result.ok:
-        print(suggest_pins(result.unpinned_symbols(), open_view(None)))
+        view = open_view(None)
+        for package, usages in result.unpinned.items():
+            if usages:
+                print(f"\n# ---- draft pins for {package} (review before appending to its upstream_pins.toml)\n")
+                print(draft_pins(usages, view))
     return 0 if result.ok else 1
 
 

@@ -73,9 +73,11 @@ def render_table(report: Report, max_symbol_width: int = 90) -> str:
     if rows:
         sym_w = min(max_symbol_width, max(len("SYMBOL"), *(len(f.symbol) for f in rows)))
         cov_w = max(len("COVERED BY"), *(len(f.covered_by or "UNCOVERED") for f in rows))
-        lines.append(f"{'SEV':<4} {'SYMBOL':<{sym_w}}  {'COVERED BY':<{cov_w}}  DETAIL")
+        pkg_w = max(len("PINNED BY"), *(len(f.package) for f in rows))
+        lines.append(f"{'SEV':<4} {'SYMBOL':<{sym_w}}  {'COVERED BY':<{cov_w}}  {'PINNED BY':<{pkg_w}}  DETAIL")
         for f in rows:
-            lines.append(f"{f.severity:<4} {f.symbol:<{sym_w}}  {f.covered_by or 'UNCOVERED':<{cov_w}}  {f.detail}")
+            lines.append(f"{f.severity:<4} {f.symbol:<{sym_w}}  {f.covered_by or 'UNCOVERED':<{cov_w}}  "
+                         f"{f.package:<{pkg_w}}  {f.detail}")
     counts = ", ".join(f"{s}: {sum(1 for f in report.findings if f.severity == s)}" for s in SEVERITIES)
     verdict = "FAIL" if report.blocking else "ok"
     lines.append(f"{verdict}: {len(report.findings)} findings ({counts}); {report.uncovered} uncovered, "

@@ -18,7 +18,8 @@ from ascend_core.contracts.pins import PINS_FILE, Pin, load_pins
 from ascend_core.contracts.shapes import normalize_literal
 
 _DOTTED = re.compile(r"^vllm(\.[A-Za-z_]\w*)+$")
-_COLON = re.compile(r"^(vllm(?:\.[A-Za-z_]\w*)*):([A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*)$")
+# `vllm.x.y:Attr` (a patch target); a bare `vllm:name` is a Prometheus metric name, not a symbol.
+_COLON = re.compile(r"^(vllm(?:\.[A-Za-z_]\w*)+):([A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*)$")
 _IDENT = re.compile(r"^[A-Za-z_]\w*$")
 # Python's own attributes end a chain: `Cls.method.__func__` relies on `Cls.method`, not on vLLM's `__func__`.
 _PYTHON_ATTRS = frozenset({"__func__", "__name__", "__qualname__", "__module__", "__doc__", "__dict__", "__wrapped__",
@@ -205,27 +206,3 @@ def scan_workspace(root: Path, extra_roots: tuple[str, ...] = ("src",)) -> ScanR
         result.usages[name] = usages
         result.unpinned[name] = missing
     return result
-
-
-def suggest_pins(symbols: list[str], view) -> str:
-    """TOML `[[pins]]` entries for `symbols`, with kind and signature read from `view` (for a human to finish)."""
-    from ascend_core.contracts.shapes import Shape
-
-    out = []
-    for symbol in symbols:
-        shape = view.resolve(symbol)
-        lines = [f'[[pins]]\nsymbol = "{symbol}"']
-        if isinstance(shape, Shape):
-            parent = view.resolve(symbol.rpartition(".")[0])
-            kind = shape.kind
-            if kind == "function" and isinstance(parent, Shape) and parent.kind == "class":
-                kind = "method"
-            lines.append(f'kind = "{kind}"')
-            if shape.signature is not None and kind in ("function", "method"):
-                lines.append("signature = [" + ", ".join(f'"{s}"' for s in shape.signature) + "]")
-            if shape.value is not None:
-                lines.append(f"value = {shape.value}")
-        else:
-            lines.append(f'kind = "attribute"  # does not resolve here: {shape.reason}')
-        out.append("\n".join(lines))
-    return "\n\n".join(out) + "\n"
