@@ -58,3 +58,6 @@ def test_every_package_pins_file_loads_and_names_real_adapters(pins_file: Path) 
             assert adapter_exists(adapter), f"{pins_file}: {pin.symbol} covered_by[{key!r}] = {adapter!r}"
         for name in pin.aliases:
             assert pin.relies_on(name) or name == pin.symbol, f"{pin.symbol}: alias for {name!r}, not relied on"
+        keys = {*pin.fields, *pin.params, *pin.aliases, pin.symbol, "*", "signature"}
+        stray = set(pin.covered_by) - keys
+        assert not stray, f"{pins_file}: {pin.symbol} covered_by names {sorted(stray)}, which the pin never checks"

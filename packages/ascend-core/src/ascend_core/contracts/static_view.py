@@ -363,11 +363,15 @@ class StaticView:
         else:
             return None
         package = module if self.source.is_package(module) else module.rpartition(".")[0]
+        name = parts[cut]
         for sibling in self.source.submodules(package):
             if sibling == module:
                 continue
+            read = self.source.read_module(sibling)  # a text test first: parse only likely homes
+            if read is None or not any(f"{word} {name}" in read[0] for word in ("def", "class")):
+                continue
             mod = self._module(sibling)
-            binding = mod.bindings.get(parts[cut]) if mod else None
+            binding = mod.bindings.get(name) if mod else None
             if binding and binding[0] in ("class", "function"):
                 moved = ".".join([sibling, *parts[cut:]])
                 if isinstance(self.resolve(moved), Shape):
