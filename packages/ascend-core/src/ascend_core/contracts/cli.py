@@ -27,8 +27,9 @@ _RELEASE = re.compile(r"^(?:vllm==)?(\d+\.\d+(?:\.\d+)?(?:\.post\d+)?)$")
 
 
 def open_view(target: str | None) -> UpstreamView:
-    """The installed vLLM (None), a wheel or source folder (a path), or a release wheel (`0.33.0`, `vllm==0.33.0`)."""
-    if target is None:
+    """The installed vLLM (None or "installed"), a wheel or source folder (a path), or a release wheel (`0.33.0`,
+    `vllm==0.33.0`, fetched into the wheel cache)."""
+    if target is None or target == "installed":
         from ascend_core.contracts.installed_view import InstalledView
 
         return InstalledView()
@@ -46,8 +47,8 @@ def open_view(target: str | None) -> UpstreamView:
 
 def add_check_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--vllm", metavar="PATH_OR_WHEEL", default=None,
-                        help="a vLLM source tree, a release .whl, or a release version to fetch (default: the "
-                             "installed vLLM, imported)")
+                        help="a vLLM source tree, a release .whl, a release version to fetch (0.33.0), or "
+                             "'installed' (default: the installed vLLM, imported)")
     parser.add_argument("--baseline", metavar="PATH_OR_WHEEL", default=None,
                         help="report what changes in the pinned symbols from this vLLM to --vllm (main2main), "
                              "instead of checking --vllm against the pins")
