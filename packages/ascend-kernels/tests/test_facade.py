@@ -104,14 +104,22 @@ def test_keyword_arguments_are_validated_too():
         (lambda: ops.sample(torch.randn(2, 5), 1.0, top_k=torch.ones(2)), "top_k"),
         (
             lambda: ops.reshape_and_cache(
-                torch.randn(2, 2, 8), torch.randn(2, 2, 8), torch.zeros(3, 4, 2, 8), torch.zeros(3, 4, 2, 8),
+                torch.randn(2, 2, 8),
+                torch.randn(2, 2, 8),
+                torch.zeros(3, 4, 2, 8),
+                torch.zeros(3, 4, 2, 8),
                 torch.zeros(2),
             ),
             "slot_mapping",
         ),
         (
             lambda: ops.rotary_embedding(
-                torch.arange(2), torch.randn(2, 2, 8), None, torch.randn(10, 6), head_size=8, rotary_dim=8,
+                torch.arange(2),
+                torch.randn(2, 2, 8),
+                None,
+                torch.randn(10, 6),
+                head_size=8,
+                rotary_dim=8,
                 is_neox=True,
             ),
             "cos_sin_cache",

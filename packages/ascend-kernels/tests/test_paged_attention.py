@@ -36,8 +36,24 @@ def naive_paged_attention(query, k_cache, v_cache, block_table, qsl, seq_lens, s
     return out
 
 
-def _run(strided_caches, *, q_lens, seq_lens, heads, kv_heads, dtype, block_size=16, head=32, head_v=None,
-         causal=True, window=None, with_sinks=False, padding_tokens=0, out=False, seed=0):
+def _run(
+    strided_caches,
+    *,
+    q_lens,
+    seq_lens,
+    heads,
+    kv_heads,
+    dtype,
+    block_size=16,
+    head=32,
+    head_v=None,
+    causal=True,
+    window=None,
+    with_sinks=False,
+    padding_tokens=0,
+    out=False,
+    seed=0,
+):
     head_v = head_v or head
     gen = torch.Generator().manual_seed(seed)
     blocks_per_req = [math.ceil(n / block_size) for n in seq_lens]
@@ -61,8 +77,13 @@ def _run(strided_caches, *, q_lens, seq_lens, heads, kv_heads, dtype, block_size
     if out:
         kwargs["out"] = torch.full((num_tokens, heads, head_v), float("nan"), dtype=dtype)
     result = ops.paged_attention(
-        query, k_cache, v_cache, block_table, torch.tensor(qsl, dtype=torch.int32),
-        torch.tensor(seq_lens, dtype=torch.int32), **kwargs,
+        query,
+        k_cache,
+        v_cache,
+        block_table,
+        torch.tensor(qsl, dtype=torch.int32),
+        torch.tensor(seq_lens, dtype=torch.int32),
+        **kwargs,
     )
     if out:
         assert result is kwargs["out"]
@@ -94,8 +115,16 @@ def test_decode_at_block_boundaries(strided_caches, dtype, length):
 @pytest.mark.parametrize(("heads", "kv_heads"), [(4, 4), (8, 2), (8, 1)])  # GQA ratios 1, 4, 8
 def test_mixed_prefill_decode_batch_with_padding_tokens(strided_caches, dtype, heads, kv_heads):
     # a fresh prefill, a chunked prefill continuing a context, decodes and a 3-token speculative verify
-    _run(strided_caches, q_lens=[20, 7, 1, 3, 1], seq_lens=[20, 39, 48, 17, 5], heads=heads, kv_heads=kv_heads,
-         dtype=dtype, padding_tokens=3, out=True)
+    _run(
+        strided_caches,
+        q_lens=[20, 7, 1, 3, 1],
+        seq_lens=[20, 39, 48, 17, 5],
+        heads=heads,
+        kv_heads=kv_heads,
+        dtype=dtype,
+        padding_tokens=3,
+        out=True,
+    )
 
 
 @DTYPES
@@ -109,8 +138,16 @@ def test_sinks(strided_caches, dtype):
 
 
 def test_sinks_with_sliding_window_and_gqa(strided_caches):
-    _run(strided_caches, q_lens=[10, 1], seq_lens=[30, 21], heads=8, kv_heads=1, dtype=torch.float32,
-         with_sinks=True, window=7)
+    _run(
+        strided_caches,
+        q_lens=[10, 1],
+        seq_lens=[30, 21],
+        heads=8,
+        kv_heads=1,
+        dtype=torch.float32,
+        with_sinks=True,
+        window=7,
+    )
 
 
 def test_non_causal(strided_caches):
@@ -125,5 +162,4 @@ def test_chunking_over_many_requests_matches(strided_caches, monkeypatch):
     from ascend_kernels.reference import attention
 
     monkeypatch.setattr(attention, "CHUNK_BYTES", 1)  # one request per chunk
-    _run(strided_caches, q_lens=[1, 1, 2, 2, 5], seq_lens=[17, 3, 40, 2, 5], heads=4, kv_heads=2,
-         dtype=torch.float32)
+    _run(strided_caches, q_lens=[1, 1, 2, 2, 5], seq_lens=[17, 3, 40, 2, 5], heads=4, kv_heads=2, dtype=torch.float32)

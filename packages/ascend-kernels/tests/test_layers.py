@@ -1,0 +1,130 @@
+"""Rotary embedding, RMSNorm, SiLU-and-mul, top-k softmax and the grouped MoE against naive formulations."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from ascend_kernels import ops
+
+DTYPES = pytest.mark.parametrize(
+    ("dtype", "tol"), [(torch.float32, dict(rtol=1e-5, atol=1e-5)), (torch.bfloat16, dict(rtol=2e-2, atol=2e-2))]
+)
+
+
+def _cos_sin_cache(max_pos, rotary_dim, base=10000.0):
+    inv_freq = 1.0 / base ** (torch.arange(0, rotary_dim, 2, dtype=torch.float64) / rotary_dim)
+    angles = torch.arange(max_pos, dtype=torch.float64)[:, None] * inv_freq[None, :]
+    return torch.cat([angles.cos(), angles.sin()], dim=-1).float()
+
+
+def _naive_rope(x, positions, head_size, rotary_dim, is_neox, base=10000.0):
+    """Rotate each pair of dims by position * base^(-2i/rotary_dim), pair by pair."""
+    out = x.double().clone().view(x.shape[0], -1, head_size)
+    half = rotary_dim // 2
+    for t, pos in enumerate(positions.tolist()):
+        for i in range(half):
+            theta = pos * base ** (-2 * i / rotary_dim)
+            a, b = (i, i + half) if is_neox else (2 * i, 2 * i + 1)
+            xa, xb = out[t, :, a].clone(), out[t, :, b].clone()
+            out[t, :, a] = xa * math.cos(theta) - xb * math.sin(theta)
+            out[t, :, b] = xb * math.cos(theta) + xa * math.sin(theta)
+    return out.view(x.shape)
+
+
+@DTYPES
+@pytest.mark.parametrize("is_neox", [True, False])
+@pytest.mark.parametrize("rotary_dim", [16, 8])  # full and partial rotary
+def test_rotary_embedding(dtype, tol, is_neox, rotary_dim):
+    head_size, tokens = 16, 5
+    positions = torch.tensor([0, 3, 7, 1, 30])
+    qkv = torch.randn(tokens, 7 * head_size).to(dtype)
+    query, key = qkv[:, : 4 * head_size], qkv[:, 4 * head_size : 6 * head_size].view(tokens, 2, head_size)
+    expected_q = _naive_rope(query, positions, head_size, rotary_dim, is_neox)
+    expected_k = _naive_rope(key, positions, head_size, rotary_dim, is_neox)
+    untouched = qkv[:, 6 * head_size :].clone()
+    q_out, k_out = ops.rotary_embedding(
+        positions,
+        query,
+        key,
+        _cos_sin_cache(64, rotary_dim),
+        head_size=head_size,
+        rotary_dim=rotary_dim,
+        is_neox=is_neox,
+    )
+    assert q_out is query and k_out is key  # in place, on views of one qkv buffer
+    torch.testing.assert_close(query.double(), expected_q, **tol)
+    torch.testing.assert_close(key.double(), expected_k, **tol)
+    assert torch.equal(qkv[:, 6 * head_size :], untouched)
+
+
+def test_rotary_embedding_empty_and_keyless():
+    q = torch.randn(0, 32)
+    assert (
+        ops.rotary_embedding(
+            torch.arange(0), q, None, _cos_sin_cache(4, 32), head_size=32, rotary_dim=32, is_neox=True
+        )[1]
+        is None
+    )
+
+
+@DTYPES
+@pytest.mark.parametrize("with_residual", [False, True])
+@pytest.mark.parametrize("tokens", [0, 1, 7])
+def test_rms_norm(dtype, tol, with_residual, tokens):
+    x, weight = torch.randn(tokens, 64).to(dtype), torch.randn(64).to(dtype)
+    residual = torch.randn(tokens, 64).to(dtype) if with_residual else None
+    h = x.double() + (residual.double() if with_residual else 0)
+    expected = torch.stack([row / math.sqrt((row * row).mean().item() + 1e-6) for row in h]) if tokens else h
+    expected = expected * weight.double()
+    result = ops.rms_norm(x, weight, 1e-6, residual)
+    if with_residual:
+        result, new_residual = result
+        torch.testing.assert_close(new_residual.double(), h, **tol)
+    torch.testing.assert_close(result.double(), expected, **tol)
+    assert result.dtype == dtype
+
+
+@DTYPES
+def test_silu_and_mul(dtype, tol):
+    x = torch.randn(3, 5, 16).to(dtype)
+    gate, up = x[..., :8].double(), x[..., 8:].double()
+    torch.testing.assert_close(ops.silu_and_mul(x).double(), gate / (1 + torch.exp(-gate)) * up, **tol)
+
+
+@pytest.mark.parametrize("renormalize", [False, True])
+def test_topk_softmax(renormalize):
+    logits = torch.randn(6, 8)
+    weights, ids = ops.topk_softmax(logits, 3, renormalize)
+    assert weights.dtype == torch.float32 and ids.dtype == torch.int32
+    for t in range(6):
+        probs = [math.exp(v) for v in logits[t].tolist()]
+        total = sum(probs)
+        best = sorted(range(8), key=lambda e: -probs[e])[:3]
+        assert ids[t].tolist() == best
+        expected = [probs[e] / total for e in best]
+        if renormalize:
+            expected = [p / sum(expected) for p in expected]
+        torch.testing.assert_close(weights[t], torch.tensor(expected), rtol=1e-5, atol=1e-6)
+
+
+@DTYPES
+def test_fused_moe_matches_per_token_experts(dtype, tol):
+    tokens, hidden, inter, experts, k = 9, 16, 8, 4, 2
+    x = torch.randn(tokens, hidden).to(dtype)
+    w13 = (torch.randn(experts, 2 * inter, hidden) / 4).to(dtype)
+    w2 = (torch.randn(experts, hidden, inter) / 4).to(dtype)
+    weights, ids = ops.topk_softmax(torch.randn(tokens, experts), k, True)
+    ids[0] = torch.tensor([3, 3], dtype=torch.int32)  # the same expert twice for one token
+    out = ops.fused_moe_reference(x, w13, w2, weights, ids)
+    expected = torch.zeros(tokens, hidden, dtype=torch.float64)
+    for t in range(tokens):
+        for i in range(k):
+            e = int(ids[t, i])
+            gate_up = w13[e].double() @ x[t].double()
+            gate, up = gate_up[:inter], gate_up[inter:]
+            expected[t] += weights[t, i].double() * (w2[e].double() @ (gate / (1 + torch.exp(-gate)) * up))
+    torch.testing.assert_close(out.double(), expected, **tol)
+    assert ops.fused_moe_reference(x[:0], w13, w2, weights[:0], ids[:0]).shape == (0, hidden)
