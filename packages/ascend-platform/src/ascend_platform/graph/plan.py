@@ -30,6 +30,12 @@ def _round_up(n: int, multiple: int) -> int:
     return -(-n // multiple) * multiple
 
 
+def default_capture_sizes(max_size: int) -> list[int]:
+    """vLLM's documented default ladder: 1, 2, 4, then steps of 8 to 256, then steps of 16, up to `max_size`."""
+    ladder = [1, 2, 4, *range(8, 256, 8), *range(256, max_size + 1, 16)]
+    return [s for s in ladder if s <= max_size]
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class GraphCapturePlan:
     mode: CUDAGraphMode
@@ -47,17 +53,27 @@ class GraphCapturePlan:
 
     @classmethod
     def from_vllm_config(cls, vllm_config: Any, decode_query_len: int = 1) -> GraphCapturePlan:
-        """The plan of a (post-init) `VllmConfig`: its graph mode, capture sizes and `max_num_seqs`."""
-        compilation = vllm_config.compilation_config
+        """The plan of a `VllmConfig`: its compilation config's graph mode and sizes, and `max_num_seqs`."""
+        return cls.from_compilation_config(
+            vllm_config.compilation_config, vllm_config.scheduler_config.max_num_seqs, decode_query_len
+        )
+
+    @classmethod
+    def from_compilation_config(
+        cls, compilation: Any, max_num_reqs: int, decode_query_len: int = 1
+    ) -> GraphCapturePlan:
+        """Sizes from `cudagraph_capture_sizes`, else vLLM's default ladder up to `max_cudagraph_capture_size`."""
         mode = compilation.cudagraph_mode or CUDAGraphMode.NONE
-        sizes = compilation.cudagraph_capture_sizes or []
         limit = compilation.max_cudagraph_capture_size
+        sizes = compilation.cudagraph_capture_sizes
+        if sizes is None:
+            sizes = default_capture_sizes(limit) if limit else []
         if limit is not None:
             sizes = [s for s in sizes if s <= limit]
         return cls(
             mode=mode,
             capture_sizes=tuple(sorted(set(sizes))) if mode else (),
-            max_num_reqs=vllm_config.scheduler_config.max_num_seqs,
+            max_num_reqs=max_num_reqs,
             decode_query_len=decode_query_len,
         )
 

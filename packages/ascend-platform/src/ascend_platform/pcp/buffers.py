@@ -48,9 +48,7 @@ class PCPInputBuffers(InputBuffers):
         self.query_pad_slots = query_pad_slots
         # vLLM writes a prefix sum of exactly max_num_reqs + 1 entries into `query_start_loc`, so that stays a view of
         # that length; the storage behind it is longer by the kernels' padding slots.
-        self.query_start_loc_storage = torch.zeros(
-            max_num_reqs + 1 + query_pad_slots, dtype=torch.int32, device=device
-        )
+        self.query_start_loc_storage = torch.zeros(max_num_reqs + 1 + query_pad_slots, dtype=torch.int32, device=device)
         self.query_start_loc = self.query_start_loc_storage[: max_num_reqs + 1]
         self.seq_lens_cpu = torch.zeros(
             max_num_reqs, dtype=torch.int32, device="cpu", pin_memory=is_pin_memory_available()

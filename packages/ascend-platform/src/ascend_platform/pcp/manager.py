@@ -25,6 +25,7 @@ import torch
 from vllm.config import CUDAGraphMode
 from vllm.logger import init_logger
 from vllm.v1.attention.backends.utils import PAD_SLOT_ID
+from vllm.v1.worker.gpu.cudagraph_utils import BatchExecutionDescriptor
 from vllm.v1.worker.gpu.input_batch import InputBatch
 from vllm.v1.worker.gpu.pcp_manager import PCPManager
 
@@ -132,9 +133,11 @@ class AscendPCPManager(PCPManager):
     get_num_tokens_for_dispatch = num_tokens_for_dispatch
 
     def effective_descriptor(self, input_batch: InputBatch, batch_desc: Any) -> Any:
-        """`batch_desc`, or an eager descriptor at the real token count when `batch_desc` is too small for it."""
+        """`batch_desc`, or an eager descriptor at the real token count when there is none or it is too small."""
         real = self.num_tokens_for_dispatch(input_batch.num_scheduled_tokens, input_batch.is_prefilling_np)
-        if batch_desc is None or not batch_desc.cg_mode:
+        if batch_desc is None:  # eager step: pad only to the largest rank's real count
+            return BatchExecutionDescriptor(cg_mode=CUDAGraphMode.NONE, num_tokens=real, num_reqs=None)
+        if not batch_desc.cg_mode:
             return batch_desc
         if local_tokens_after_padding(real, batch_desc.num_tokens) == batch_desc.num_tokens:
             return batch_desc
@@ -168,7 +171,7 @@ class AscendPCPManager(PCPManager):
             real_tokens_per_rank=tuple(int(x) for x in real),
             descriptor_tokens=descriptor_tokens,
             local_tokens_after_padding=padded,
-            widened=effective is not batch_desc,
+            widened=batch_desc is not None and effective is not batch_desc,
         )
         n = local.num_reqs_after_padding
         host = self.buffers.seq_lens_cpu
