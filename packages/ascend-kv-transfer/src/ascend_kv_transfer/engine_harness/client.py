@@ -31,18 +31,33 @@ def engine_env(cache_root: str | os.PathLike, cpu: int | None, extra: dict[str, 
 
 class EngineProcess:
     def __init__(self, config: dict[str, Any], *, env: dict[str, str], log_path: str | os.PathLike,
-                 netns: LoopbackNamespace | None = None, argv: list[str] | None = None, start_timeout: float = 240.0):
+                 netns: LoopbackNamespace | None = None, argv: list[str] | None = None, start_timeout: float = 400.0,
+                 wait: bool = True):
         argv = argv or [sys.executable, "-m", "ascend_kv_transfer.engine_harness.host"]
         argv = [*argv, json.dumps(config)]
         self.log_path = Path(log_path)
         self._log = open(self.log_path, "wb")  # noqa: SIM115 - lives as long as the process
         cmd = netns.command(argv) if netns is not None else argv
         self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log, env=env)
-        hello = self._read(start_timeout, "start")
+        self.pid: int | None = None
+        self._start_timeout = start_timeout
+        if wait:
+            self.wait_ready()
+
+    def wait_ready(self) -> EngineProcess:
+        """Block until the engine is up (start several hosts first, then wait, to overlap their start-up)."""
+        if self.pid is not None:
+            return self
+        try:
+            hello = self._read(self._start_timeout, "start")
+        except EngineHostError:
+            self.close()
+            raise
         if not hello.get("ready"):
             self.close()
             raise EngineHostError(f"engine host failed to start: {hello.get('error')} (log: {self.log_path})")
         self.pid = hello["pid"]
+        return self
 
     def _read(self, timeout: float, what: str) -> dict[str, Any]:
         assert self.proc.stdout is not None
@@ -87,6 +102,8 @@ class EngineProcess:
             self.proc.wait(timeout=10)
 
     def close(self, timeout: float = 20.0) -> None:
+        if self.pid is None:
+            self.kill()
         if self.proc.poll() is None:
             try:
                 self.call("shutdown", wait=timeout)
