@@ -13,37 +13,27 @@ from typing import Any
 @functools.cache
 def kernel_ops() -> Any:
     """The `ascend_kernels.ops` module (its backend chosen by `select_kernel_backend`)."""
-    try:
-        from ascend_kernels import ops
-    except ImportError:
-        from ascend_platform import interim_kernels as ops
+    from ascend_kernels import ops
+
     return ops
 
 
 def kernel_backend_name() -> str:
-    try:
-        import ascend_kernels
+    import ascend_kernels
 
-        return ascend_kernels.get_backend()
-    except (ImportError, AttributeError):
-        return "reference"
+    return ascend_kernels.get_backend()
 
 
 def select_kernel_backend(name: str) -> None:
     """Switch ascend_kernels to `name` ('reference' in the simulated lane, 'npu' on a device)."""
-    try:
-        import ascend_kernels
-    except ImportError:
-        return
-    if hasattr(ascend_kernels, "set_backend"):
-        ascend_kernels.set_backend(name)
+    import ascend_kernels
+
+    ascend_kernels.set_backend(name)
 
 
 @functools.cache
 def kv_allocator() -> Any:
-    """`ascend_core.kv.allocate_kv_caches`."""
-    try:
-        from ascend_core.kv import allocate_kv_caches
-    except ImportError:
-        from ascend_platform.interim_kv import allocate_kv_caches
+    """`ascend_core.kv.allocator.allocate_kv_caches`."""
+    from ascend_core.kv.allocator import allocate_kv_caches
+
     return allocate_kv_caches

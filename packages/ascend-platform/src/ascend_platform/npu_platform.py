@@ -7,6 +7,7 @@ real-device methods, and only when called.
 
 from __future__ import annotations
 
+import json
 import os
 from typing import TYPE_CHECKING, Any
 
@@ -26,15 +27,15 @@ WORKER_CLS = "ascend_platform.worker.worker.AscendWorker"
 DEFAULT_BLOCK_SIZE = 128
 _COMPRESSED_MODEL_TYPES = frozenset({"deepseek_v4"})
 
-_config_by_id: dict[int, AscendConfig] = {}
+_parsed: dict[str, AscendConfig] = {}
 
 
 def ascend_config_of(vllm_config: VllmConfig) -> AscendConfig:
-    """The validated plugin config of `vllm_config` (parsed once per config object)."""
-    key = id(vllm_config.additional_config)
-    if key not in _config_by_id:
-        _config_by_id[key] = parse_ascend_config(vllm_config.additional_config)
-    return _config_by_id[key]
+    """The validated plugin config of `vllm_config` (parsed once per distinct `additional_config`)."""
+    key = json.dumps(vllm_config.additional_config or {}, sort_keys=True, default=repr)
+    if key not in _parsed:
+        _parsed[key] = parse_ascend_config(vllm_config.additional_config)
+    return _parsed[key]
 
 
 class AscendPlatformBase(Platform):
@@ -58,6 +59,17 @@ class AscendPlatformBase(Platform):
     @classmethod
     def _update_device_config(cls, vllm_config: VllmConfig) -> None:
         """Device-specific settings; the simulated lane reuses vLLM's CPU platform here."""
+
+    @classmethod
+    def kernel_backend(cls, ascend: AscendConfig) -> str:
+        """The `ascend_kernels` backend this lane's workers select."""
+        raise NotImplementedError
+
+    @classmethod
+    def register_custom_kv_cache_specs(cls, vllm_config: VllmConfig) -> None:
+        from ascend_core.kv.specs import register_ascend_kv_specs
+
+        register_ascend_kv_specs()
 
     @classmethod
     def _decide_worker(cls, vllm_config: VllmConfig) -> None:
@@ -161,11 +173,8 @@ class AscendNPUPlatform(AscendPlatformBase):
     simple_compile_backend: str = "eager"
 
     @classmethod
-    def _update_device_config(cls, vllm_config: VllmConfig) -> None:
-        from ascend_platform.facade import select_kernel_backend
-
-        ascend = ascend_config_of(vllm_config)
-        select_kernel_backend("reference" if ascend.kernel_backend == "reference" else "npu")
+    def kernel_backend(cls, ascend: AscendConfig) -> str:
+        return "reference" if ascend.kernel_backend == "reference" else "npu"
 
     @classmethod
     def import_kernels(cls) -> None:

@@ -15,8 +15,12 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 ADDITIONAL_CONFIG_KEY = "ascend"  # options may also be nested under this key
 
 
-class AscendConfigError(ValueError):
-    """A bad `additional_config`; the message is one line naming the key and the allowed values."""
+class AscendConfigError(Exception):
+    """A bad `additional_config`; the message is one line naming the key and the allowed values.
+
+    Deliberately not a ValueError: it is raised while vLLM's pydantic `VllmConfig` is being built, and pydantic
+    would fold a ValueError into a multi-line ValidationError.
+    """
 
 
 class AscendConfig(BaseModel):
@@ -38,6 +42,9 @@ class AscendConfig(BaseModel):
         "its own buffers; 'auto' is private on 310P, shared elsewhere.")
     kernel_backend: Literal["auto", "reference", "npu"] = Field(
         "auto", description="ascend_kernels backend: 'auto' is npu on a device and reference in the simulated lane.")
+    kernel_checks: bool = Field(
+        False, description="Check every ascend_kernels call's arguments (shapes, dtypes, devices); off on the hot "
+        "path by default.")
     custom_ops: bool = Field(
         True, description="Replace vLLM's RMSNorm, SiluAndMul and rotary embedding with ascend_kernels ops.")
     block_size: int | None = Field(
@@ -74,8 +81,10 @@ def _one_line(exc: ValidationError) -> str:
         top = str(err["loc"][0]) if err["loc"] else ""
         if err["type"] == "extra_forbidden":
             problems.append(f"unknown key {key!r} (known keys: {', '.join(sorted(AscendConfig.model_fields))})")
+        elif top in AscendConfig.model_fields and err["type"] == "literal_error":
+            problems.append(f"bad value {err.get('input')!r} for key {key!r} (allowed: {_allowed(top)})")
         elif top in AscendConfig.model_fields:
-            problems.append(f"bad value {err.get('input')!r} for key {key!r} ({err['msg']}; allowed: {_allowed(top)})")
+            problems.append(f"bad value {err.get('input')!r} for key {key!r} ({err['msg']}; {_allowed(top)})")
         else:
             problems.append(f"{key}: {err['msg']}")
     return "Invalid Ascend additional_config: " + "; ".join(problems)

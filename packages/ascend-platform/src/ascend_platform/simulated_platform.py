@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING
 
 from vllm.platforms.cpu import CpuPlatform
 
-from ascend_platform.facade import select_kernel_backend
 from ascend_platform.npu_platform import AscendPlatformBase, ascend_config_of
+from ascend_platform.plugin_config import AscendConfig, AscendConfigError
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -37,8 +37,11 @@ class SimulatedNPUPlatform(AscendPlatformBase, CpuPlatform):
     def _update_device_config(cls, vllm_config: VllmConfig) -> None:
         # vLLM's CPU policy for the CPU device: KV space from VLLM_CPU_KVCACHE_SPACE, mp executor, worker env.
         CpuPlatform.check_and_update_config.__func__(cls, vllm_config)
-        ascend = ascend_config_of(vllm_config)
+        cls.kernel_backend(ascend_config_of(vllm_config))
+
+    @classmethod
+    def kernel_backend(cls, ascend: AscendConfig) -> str:
         if ascend.kernel_backend == "npu":
-            raise ValueError("Invalid Ascend additional_config: kernel_backend='npu' needs an NPU; "
-                             "the simulated lane allows 'auto' or 'reference'")
-        select_kernel_backend("reference")
+            raise AscendConfigError("Invalid Ascend additional_config: bad value 'npu' for key 'kernel_backend' "
+                                    "(the simulated lane has no NPU; allowed: 'auto', 'reference')")
+        return "reference"

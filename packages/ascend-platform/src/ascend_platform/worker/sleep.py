@@ -48,7 +48,7 @@ class SleepController:
                 self.host_weights[name] = tensor.data.to("cpu", copy=True)
             released += tensor.data.numel() * tensor.data.element_size()
             tensor.data = torch.empty(0, dtype=tensor.dtype, device=tensor.device)
-        kv_bytes = sum(s.numel() * s.element_size() for s in getattr(self.runner.ascend_kv, "storages", []))
+        kv_bytes = getattr(self.runner.ascend_kv, "nbytes", 0)
         self.runner.release_kv_cache()
         self.sleeping = set(TAGS)
         self.level = level

@@ -16,7 +16,7 @@ import torch
 from vllm.logger import init_logger
 
 from ascend_platform import usage
-from ascend_platform.facade import kernel_backend_name
+from ascend_platform.facade import kernel_backend_name, select_kernel_backend
 from ascend_platform.registration import simulate_requested
 from ascend_platform.worker.sleep import SleepController
 
@@ -30,14 +30,23 @@ class AscendWorkerMixin:
         raise NotImplementedError
 
     def _build_runner(self) -> Any:
+        from vllm.platforms import current_platform
+
+        import ascend_kernels
+        from ascend_platform.npu_platform import ascend_config_of
         from ascend_platform.ops.custom_ops import register_custom_ops
 
-        register_custom_ops()
+        ascend = ascend_config_of(self.vllm_config)
+        select_kernel_backend(current_platform.kernel_backend(ascend))
+        ascend_kernels.set_validation(ascend.kernel_checks)
+        if ascend.custom_ops:
+            register_custom_ops()
         v1_cls, v2_cls = self._runner_classes()
         cls = v2_cls if self.use_v2_model_runner else v1_cls
         logger.info("Ascend worker: %s", cls.__name__)
         usage.note("runner_class", f"{cls.__module__}.{cls.__qualname__}")
         usage.note("kernel_backend", kernel_backend_name())
+        usage.note("kernel_checks", ascend.kernel_checks)
         return cls(self.vllm_config, self.device)
 
     @property

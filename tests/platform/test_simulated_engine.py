@@ -1,0 +1,57 @@
+"""The whole plugin inside a real vLLM engine (simulated-NPU lane) against vLLM's own CPU platform.
+
+Engines are shared per session (see conftest): vLLM-CPU, ours with the V1 runner (then asleep and awake), ours with
+MRV2 where vLLM can run it, and a start-up with bad `additional_config`s.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+pytestmark = pytest.mark.engine
+
+
+def test_v1_greedy_matches_vllm_cpu(engine_runs, logprobs_close):
+    ours, cpu = engine_runs["ascend_v1"], engine_runs["cpu"]
+    assert ours["usage"]["facts"]["runner"] == "v1"
+    assert all(len(o["token_ids"]) == 24 for o in ours["outputs"])
+    logprobs_close(ours["outputs"], cpu["outputs"])
+
+
+def test_mrv2_greedy_matches_vllm_cpu(engine_runs, logprobs_close, v2_status):
+    if not v2_status[0]:
+        pytest.skip(v2_status[1])
+    ours, cpu = engine_runs["ascend_v2"], engine_runs["cpu"]
+    assert ours["usage"]["facts"]["runner"] == "v2"
+    logprobs_close(ours["outputs"], cpu["outputs"])
+
+
+def test_our_allocator_backend_and_kernels_did_the_work(engine_runs):
+    usage = engine_runs["ascend_v1"]["usage"]
+    counts, facts = usage["counts"], usage["facts"]
+    assert usage["attention_impls"] == ["AscendAttentionImpl"]  # no vLLM attention impl in the model
+    assert counts["allocator.shared"] >= 1 and facts["allocator"] == "ascend_core.kv.allocator.allocate_kv_caches"
+    assert counts["attention.ascend.bound_layers"] == 2  # both layers of the tiny Llama got our K/V views
+    assert facts["kernel_backend"] == "reference" and facts["kernel_checks"] is True  # every call's args checked
+    for op in ("kernels.paged_attention", "kernels.reshape_and_cache", "kernels.rms_norm", "kernels.silu_and_mul"):
+        assert counts.get(op, 0) > 0, (op, counts)
+    assert facts["runner_class"].startswith("ascend_platform.worker.")
+
+
+def test_sleep_and_wake_leave_generation_unchanged(engine_runs):
+    run = engine_runs["ascend_v1"]
+    assert run["asleep"]["sleeping"] == ["kv_cache", "weights"]
+    assert run["asleep"]["weights_numel"] == 0 and run["asleep"]["kv_bound"] is False
+    assert run["awake"]["sleeping"] == [] and run["awake"]["kv_bound"] is True
+    assert run["awake"]["weights_numel"] == run["usage"]["sleep"]["weights_numel"] > 0
+    assert [o["token_ids"] for o in run["outputs_after_sleep"]] == [o["token_ids"] for o in run["outputs"]]
+
+
+def test_bad_additional_config_fails_startup_with_one_line(engine_runs):
+    unknown, bad_value = engine_runs["bad_config"]["startup_errors"]
+    for err in (unknown, bad_value):
+        assert err is not None, "start-up should have failed"
+        assert "\n" not in err["message"].strip(), err["message"]
+    assert "unknown key 'no_such_option'" in unknown["message"] and "graph_mode" in unknown["message"]
+    assert "'graph_mode'" in bad_value["message"] and "'warp-speed'" in bad_value["message"]
+    assert "'piecewise'" in bad_value["message"]  # the allowed values are named
