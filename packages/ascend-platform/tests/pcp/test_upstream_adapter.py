@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import inspect
 
+from vllm.config import CUDAGraphMode
+from vllm.v1.worker.gpu.cudagraph_utils import BatchExecutionDescriptor
+from vllm.v1.worker.gpu.pcp_manager import PCPManager
+
 from ascend_core.upstream.pcp import (
     pcp_has_capture_buffers,
     pcp_init_kwargs,
@@ -11,9 +15,6 @@ from ascend_core.upstream.pcp import (
     pcp_partition_kwargs,
     upstream_pcp_manager_cls,
 )
-from vllm.config import CUDAGraphMode
-from vllm.v1.worker.gpu.cudagraph_utils import BatchExecutionDescriptor
-from vllm.v1.worker.gpu.pcp_manager import PCPManager
 
 CANDIDATES = dict(pcp_world_size=2, pcp_rank=0, device="cpu", shard_decode_requests=False, block_tables=None)
 
