@@ -6,10 +6,14 @@ with `collective_rpc("ascend_usage")` to prove our allocator, backend and kernel
 
 from __future__ import annotations
 
+import time
 from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 _COUNTS: Counter[str] = Counter()
+_SECONDS: Counter[str] = Counter()
 _FACTS: dict[str, Any] = {}
 
 
@@ -21,5 +25,16 @@ def note(name: str, value: Any) -> None:
     _FACTS[name] = value
 
 
+@contextmanager
+def timed(name: str) -> Iterator[None]:
+    """Count one call of `name` and add its wall time (for the start-up benchmark's breakdown)."""
+    t0 = time.perf_counter()
+    try:
+        yield
+    finally:
+        _SECONDS[name] += time.perf_counter() - t0
+        _COUNTS[name] += 1
+
+
 def snapshot() -> dict[str, Any]:
-    return {"counts": dict(_COUNTS), "facts": dict(_FACTS)}
+    return {"counts": dict(_COUNTS), "seconds": {k: round(v, 6) for k, v in _SECONDS.items()}, "facts": dict(_FACTS)}

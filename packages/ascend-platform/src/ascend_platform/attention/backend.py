@@ -121,8 +121,8 @@ class AscendAttentionImpl(AttentionImpl[AscendAttentionMetadata]):
     def do_kv_cache_update(self, layer, key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor,
                            slot_mapping: torch.Tensor) -> None:
         key_cache, value_cache = self._caches(getattr(layer, "layer_name", "?"))
-        kernel_ops().reshape_and_cache(key, value, key_cache, value_cache, slot_mapping[: key.shape[0]])
-        usage.count("kernels.reshape_and_cache")
+        with usage.timed("kernels.reshape_and_cache"):
+            kernel_ops().reshape_and_cache(key, value, key_cache, value_cache, slot_mapping[: key.shape[0]])
 
     def forward(self, layer, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor,
                 attn_metadata: AscendAttentionMetadata | None, output: torch.Tensor,
@@ -134,12 +134,12 @@ class AscendAttentionImpl(AttentionImpl[AscendAttentionMetadata]):
             return output
         n = attn_metadata.num_actual_tokens
         key_cache, value_cache = self._caches(getattr(layer, "layer_name", "?"))
-        kernel_ops().paged_attention(
-            query[:n], key_cache, value_cache, attn_metadata.block_table, attn_metadata.query_start_loc,
-            attn_metadata.seq_lens, scale=self.scale, causal=attn_metadata.causal,
-            sliding_window=self.sliding_window, sinks=self.sinks, out=output[:n])
+        with usage.timed("kernels.paged_attention"):
+            kernel_ops().paged_attention(
+                query[:n], key_cache, value_cache, attn_metadata.block_table, attn_metadata.query_start_loc,
+                attn_metadata.seq_lens, scale=self.scale, causal=attn_metadata.causal,
+                sliding_window=self.sliding_window, sinks=self.sinks, out=output[:n])
         usage.count("attention.ascend.forward")
-        usage.count("kernels.paged_attention")
         return output
 
 

@@ -29,14 +29,14 @@ def register_custom_ops() -> bool:
         def forward_oot(self, x: torch.Tensor, residual: torch.Tensor | None = None):
             if self.variance_size_override is not None or not self.has_weight:
                 return self.forward_native(x, residual)
-            usage.count("kernels.rms_norm")
-            return kernel_ops().rms_norm(x, self.weight.data, self.variance_epsilon, residual=residual)
+            with usage.timed("kernels.rms_norm"):
+                return kernel_ops().rms_norm(x, self.weight.data, self.variance_epsilon, residual=residual)
 
     @CustomOp.register_oot(name="SiluAndMul")
     class AscendSiluAndMul(SiluAndMul):
         def forward_oot(self, x: torch.Tensor) -> torch.Tensor:
-            usage.count("kernels.silu_and_mul")
-            return kernel_ops().silu_and_mul(x)
+            with usage.timed("kernels.silu_and_mul"):
+                return kernel_ops().silu_and_mul(x)
 
     _registered = True
     return True

@@ -30,14 +30,13 @@ class AscendWorkerMixin:
         raise NotImplementedError
 
     def _build_runner(self) -> Any:
-        from vllm.platforms import current_platform
-
         import ascend_kernels
         from ascend_platform.npu_platform import ascend_config_of
         from ascend_platform.ops.custom_ops import register_custom_ops
+        from ascend_platform.platform import NPUPlatform
 
         ascend = ascend_config_of(self.vllm_config)
-        select_kernel_backend(current_platform.kernel_backend(ascend))
+        select_kernel_backend(NPUPlatform.kernel_backend(ascend))
         ascend_kernels.set_validation(ascend.kernel_checks)
         if ascend.custom_ops:
             register_custom_ops()
@@ -91,7 +90,7 @@ def _simulated_worker() -> type:
 
         def init_device(self) -> None:
             # CPUWorker.init_device minus its hard-wired runner: the same environment and distributed setup.
-            from vllm.platforms import current_platform
+            from ascend_platform.platform import NPUPlatform
 
             self.device = torch.device("cpu")
 
@@ -103,7 +102,7 @@ def _simulated_worker() -> type:
             os.environ["VLLM_DIST_IDENT"] = (os.path.basename(init_method.removeprefix("file://"))
                                              if init_method.startswith("file://") else init_method.split(":")[-1])
             init_worker_distributed_environment(self.vllm_config, self.rank, self.distributed_init_method,
-                                                self.local_rank, current_platform.dist_backend)
+                                                self.local_rank, NPUPlatform.dist_backend)
             set_random_seed(self.model_config.seed)
             self.model_runner = self._build_runner()
 
@@ -123,14 +122,15 @@ def _npu_worker() -> type:
             return NPUModelRunnerV1, NPUModelRunnerV2
 
         def init_device(self) -> None:
-            from vllm.platforms import current_platform
             from vllm.utils.torch_utils import set_random_seed
             from vllm.v1.worker.gpu_worker import init_worker_distributed_environment
 
+            from ascend_platform.platform import NPUPlatform
+
             self.device = torch.device(f"npu:{self.local_rank}")
-            current_platform.set_device(self.device)
+            NPUPlatform.set_device(self.device)
             init_worker_distributed_environment(self.vllm_config, self.rank, self.distributed_init_method,
-                                                self.local_rank, current_platform.dist_backend)
+                                                self.local_rank, NPUPlatform.dist_backend)
             set_random_seed(self.model_config.seed)
             self.model_runner = self._build_runner()
 
