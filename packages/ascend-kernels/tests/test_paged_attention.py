@@ -158,6 +158,23 @@ def test_value_head_size_differs(strided_caches):
     _run(strided_caches, q_lens=[5, 1], seq_lens=[5, 18], heads=4, kv_heads=2, dtype=torch.float32, head_v=16)
 
 
+@DTYPES
+@pytest.mark.parametrize("small_rows", [0, 10**9])  # every chunk through SDPA, or every chunk through block matmuls
+def test_both_attention_paths(strided_caches, monkeypatch, dtype, small_rows):
+    from ascend_kernels.reference import attention
+
+    monkeypatch.setattr(attention, "SMALL_ROWS", small_rows)
+    _run(
+        strided_caches,
+        q_lens=[20, 7, 1, 3],
+        seq_lens=[20, 39, 48, 17],
+        heads=8,
+        kv_heads=2,
+        dtype=dtype,
+        window=9 if small_rows else None,
+    )
+
+
 def test_chunking_over_many_requests_matches(strided_caches, monkeypatch):
     from ascend_kernels.reference import attention
 

@@ -2,9 +2,11 @@
 
 Requests are processed in chunks of equal query length (decodes together, speculative-decode verifies together, each
 long prefill alone) whose gathered K/V stays under `CHUNK_BYTES`. A chunk gathers its blocks with one `index_select`
-per cache into a reused workspace (no per-call allocation of large temporaries, no Python loop per token), folds the
-query heads that share a KV head into rows (`[n, kv_heads, q_len * group, head]`), and runs one batched attention:
-torch's scaled_dot_product_attention, or an explicit float32 softmax when sinks are given or head sizes differ.
+per cache into a reused workspace (no per-call allocation of large temporaries, no Python loop per token) and folds
+the query heads that share a KV head into rows (`[n, kv_heads, q_len * group, head]`). Few rows (decode, speculative
+verify), sinks or a distinct V head size: scores and outputs are batched matmuls per (request, block, KV head) over
+head-major gathered blocks, with an explicit float32 softmax. Many rows (prefill): torch's fused
+scaled_dot_product_attention over the gathered sequence.
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ import torch.nn.functional as F
 
 # Gathered K+V bytes per chunk: big enough to batch a decode step, small enough to stay near the CPU caches.
 CHUNK_BYTES = 8 << 20
+# Up to this many query rows per KV head (q_len * heads per KV head) use the block-batched matmuls; more use SDPA.
+SMALL_ROWS = 64
 
 _WORKSPACE: dict[tuple, torch.Tensor] = {}
 
@@ -32,10 +36,23 @@ def _workspace(tag: str, shape: tuple[int, ...], dtype: torch.dtype, device: tor
 
 
 def _gather_blocks(tag: str, cache: torch.Tensor, blocks: torch.Tensor) -> torch.Tensor:
-    """cache[blocks] (blocks: `[n, nbk]` long) as `[n, nbk * block_size, heads, dim]`, honouring cache strides."""
+    """cache[blocks] (blocks: `[n, nbk]` long) head-major, as `[n * nbk, heads, block_size, dim]`.
+
+    Reading through the cache's own strides (one `index_select` over a permuted view), so any strided layout works;
+    the copy is contiguous per (block, head), which is what the batched matmuls want.
+    """
+    heads_major = cache.permute(0, 2, 1, 3)
+    _, h, bs, d = heads_major.shape
+    dst = _workspace(tag, (blocks.numel(), h, bs, d), cache.dtype, cache.device)
+    torch.index_select(heads_major, 0, blocks.reshape(-1), out=dst)
+    return dst
+
+
+def _gather_sequence(tag: str, cache: torch.Tensor, blocks: torch.Tensor) -> torch.Tensor:
+    """cache[blocks] token-major, as `[n, nbk * block_size, heads, dim]` (the layout SDPA reads as a strided view)."""
     n, nbk = blocks.shape
     _, bs, h, d = cache.shape
-    dst = _workspace(tag, (n * nbk, bs, h, d), cache.dtype, cache.device)
+    dst = _workspace(tag + "_seq", (n * nbk, bs, h, d), cache.dtype, cache.device)
     torch.index_select(cache, 0, blocks.reshape(-1), out=dst)
     return dst.view(n, nbk * bs, h, d)
 
@@ -58,9 +75,18 @@ def _chunks(qlens: list[int], ctx_blocks: list[int], bytes_per_block: int) -> li
     return chunks
 
 
-def _attend_explicit(q, k, v, mask, scale, sink_rows):
-    """softmax(scale * q k^T) v in float32 with optional per-row sink logits in the denominator."""
-    s = torch.matmul(q.float(), k.float().transpose(-1, -2)).mul_(scale)
+def _attend_blocks(q, k_blocks, v_blocks, mask, scale, sink_rows, nbk):
+    """Attention with one batched matmul per (request, block, kv head): no gathered sequence is ever re-laid out.
+
+    q `[n, hkv, rows, d]`; k_blocks/v_blocks `[n * nbk, hkv, bs, d(v)]`; mask `[n, 1, rows, nbk * bs]`; float32
+    softmax, with per-row sink logits `[1, hkv, rows, 1]` joining the denominator when given.
+    """
+    n, hkv, rows, d = q.shape
+    bs = k_blocks.shape[2]
+    entries = n * nbk * hkv
+    q_rep = (q * scale).unsqueeze(1).expand(n, nbk, hkv, rows, d).reshape(entries, rows, d)
+    s = torch.bmm(k_blocks.view(entries, bs, d), q_rep.transpose(1, 2))  # [entries, bs, rows]
+    s = s.view(n, nbk, hkv, bs, rows).permute(0, 2, 4, 1, 3).float().reshape(n, hkv, rows, nbk * bs)
     s.masked_fill_(~mask, float("-inf"))
     if sink_rows is None:
         p = torch.softmax(s, dim=-1)
@@ -68,7 +94,23 @@ def _attend_explicit(q, k, v, mask, scale, sink_rows):
         top = torch.maximum(s.amax(dim=-1, keepdim=True), sink_rows)
         e = torch.exp(s - top)
         p = e / (e.sum(dim=-1, keepdim=True) + torch.exp(sink_rows - top))
-    return torch.matmul(p, v.float())
+    p = p.to(q.dtype).view(n, hkv, rows, nbk, bs).permute(0, 3, 1, 2, 4).reshape(entries, rows, bs)
+    o = torch.bmm(p, v_blocks.view(entries, bs, v_blocks.shape[3]))
+    return o.view(n, nbk, hkv, rows, -1).float().sum(dim=1)  # [n, hkv, rows, dv]
+
+
+def _mask(ctx, m, g, length, causal, sliding_window):
+    """`[n, 1, m * g, length]` bool: row (i, head-in-group) of request r may see key j (see the op's contract)."""
+    device = ctx.device
+    n = ctx.shape[0]
+    pos = (ctx - m)[:, None] + torch.arange(m, device=device)  # [n, m]
+    j = torch.arange(length, device=device)
+    mask = j[None, None, :] < ctx[:, None, None]
+    if causal:
+        mask = mask & (j[None, None, :] <= pos[:, :, None])
+    if sliding_window is not None:
+        mask = mask & (j[None, None, :] > pos[:, :, None] - sliding_window)
+    return mask[:, None, :, None, :].expand(n, 1, m, g, length).reshape(n, 1, m * g, length)
 
 
 def paged_attention(
@@ -102,40 +144,28 @@ def paged_attention(
     qlens = [starts[i + 1] - starts[i] for i in range(r)]
     ctx_blocks = [-(-n // bs) for n in lens]
     per_block = bs * hkv * (d + dv) * key_cache.element_size()
-    explicit = sinks is not None or dv != d
     device = query.device
     table = block_table.long().clamp_(0, key_cache.shape[0] - 1)
     for idx in _chunks(qlens, ctx_blocks, per_block):
         n, m = len(idx), qlens[idx[0]]
         nbk = max(ctx_blocks[i] for i in idx)
-        length = nbk * bs
         sel = torch.tensor(idx, device=device)
         blocks = table.index_select(0, sel)[:, :nbk]
-        k = _gather_blocks("k", key_cache, blocks).transpose(1, 2)  # [n, hkv, L, d]
-        v = _gather_blocks("v", value_cache, blocks).transpose(1, 2)
         first = torch.tensor([starts[i] for i in idx], device=device)
         rows = (first[:, None] + torch.arange(m, device=device)).reshape(-1)  # token index of each (req, i)
         # [n*m, hq, d] -> [n, hkv, m*g, d]: the g query heads of a KV head become rows of one matrix.
         q = query.index_select(0, rows).view(n, m, hkv, g, d).permute(0, 2, 1, 3, 4).reshape(n, hkv, m * g, d)
-        ctx = torch.tensor([lens[i] for i in idx], device=device)
-        need_mask = explicit or m > 1 or any(lens[i] != length for i in idx)
-        need_mask = need_mask or (sliding_window is not None and sliding_window < length)
-        mask = None
-        if need_mask:
-            pos = (ctx - m)[:, None] + torch.arange(m, device=device)  # [n, m]
-            j = torch.arange(length, device=device)
-            mask = j[None, None, :] < ctx[:, None, None]
-            if causal:
-                mask = mask & (j[None, None, :] <= pos[:, :, None])
-            if sliding_window is not None:
-                mask = mask & (j[None, None, :] > pos[:, :, None] - sliding_window)
-            mask = mask[:, None, :, None, :].expand(n, 1, m, g, length).reshape(n, 1, m * g, length)
-        if explicit:
+        mask = _mask(seq_lens.index_select(0, sel).long(), m, g, nbk * bs, causal, sliding_window)
+        if sinks is not None or dv != d or m * g <= SMALL_ROWS:
             sink_rows = None
             if sinks is not None:
                 sink_rows = sinks.float().view(1, hkv, 1, g, 1).expand(1, hkv, m, g, 1).reshape(1, hkv, m * g, 1)
-            o = _attend_explicit(q, k, v, mask, scale, sink_rows)
-        else:
+            k = _gather_blocks("k", key_cache, blocks)
+            v = _gather_blocks("v", value_cache, blocks)
+            o = _attend_blocks(q, k, v, mask, scale, sink_rows, nbk)
+        else:  # long prefills: torch's fused attention tiles the [rows, keys] problem
+            k = _gather_sequence("k", key_cache, blocks).transpose(1, 2)  # [n, hkv, L, d]
+            v = _gather_sequence("v", value_cache, blocks).transpose(1, 2)
             o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
         o = o.view(n, hkv, m, g, dv).permute(0, 2, 1, 3, 4).reshape(n * m, hq, dv)
         out.index_copy_(0, rows, o.to(out.dtype))
@@ -158,8 +188,9 @@ def mla_decode_attention(q_nope_absorbed, q_rope, latent_cache, rope_cache, bloc
         nbk = max(ctx_blocks[i] for i in idx)
         sel = torch.tensor(idx, device=device)
         blocks = table.index_select(0, sel)[:, :nbk]
-        latent = _gather_blocks("latent", latent_cache, blocks).squeeze(2).float()  # [n, L, r]
-        rope = _gather_blocks("rope", rope_cache, blocks).squeeze(2).float()
+        n = len(idx)
+        latent = _gather_blocks("latent", latent_cache, blocks).view(n, nbk * bs, r).float()
+        rope = _gather_blocks("rope", rope_cache, blocks).view(n, nbk * bs, -1).float()
         s = torch.bmm(q_nope_absorbed.index_select(0, sel).float(), latent.transpose(1, 2))
         s += torch.bmm(q_rope.index_select(0, sel).float(), rope.transpose(1, 2))
         ctx = seq_lens.index_select(0, sel).long()

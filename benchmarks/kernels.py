@@ -1,0 +1,418 @@
+"""Kernel benchmark: the reference backend of `ascend_kernels.ops` against the nearest baseline, in one run.
+
+Baselines: vLLM's own CPU ops where they exist (`torch.ops._C.cpu_attention_with_kv_cache` for paged attention, called
+exactly as vllm/v1/attention/backends/cpu_attn.py calls it, with the caches written by `cpu_attn_reshape_and_cache`
+into vLLM's layout; `rms_norm`, `fused_add_rms_norm`, `rotary_embedding`, `silu_and_mul`, `mla_decode_kvcache`),
+else plain torch. Times are the best of N interleaved repetitions (the machine is shared and noisy).
+
+Goals: paged decode attention (batch 8, 1,024-token contexts, 32 query / 8 KV heads, head_dim 128, block 128, float32
+and bfloat16) within 2x of vLLM's CPU attention op; validation overhead under 5 % of a 1-token decode step (one
+layer's kernel ops for one request at a 1,024-token context: rms_norm + residual, rotary, cache write, paged
+attention, rms_norm + residual, silu_and_mul; no GEMMs, which would only shrink the fraction).
+
+Prints ONE JSON object as the last line of stdout (logs on stderr):
+  {"ops": [{"op", "dtype", "ref_ms", "baseline", "baseline_ms", "ratio"}, ...],
+   "paged_decode_ratio": <worst of float32/bfloat16>, "paged_decode_ratio_by_dtype": {...},
+   "validation_overhead": <fraction>, "validation": {...}, "goals": {...}, "threads": N}
+
+Usage: uv run python benchmarks/kernels.py [--repeats 20]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Callable
+
+import torch
+
+import ascend_kernels
+from ascend_kernels import ops
+from ascend_kernels import validation as checks
+
+B, CTX, HQ, HKV, D, BS = 8, 1024, 32, 8, 128, 128
+
+
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def best_ms(fns: dict[str, Callable[[], object]], repeats: int) -> dict[str, float]:
+    """Best time of `repeats` rounds, the candidates interleaved within each round so load hits all alike."""
+    for fn in fns.values():
+        fn()
+        fn()
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            start = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - start)
+    return {name: min(ts) * 1e3 for name, ts in times.items()}
+
+
+def entry(op: str, dtype: torch.dtype, t: dict[str, float], baseline: str) -> dict:
+    ratio = t["ref"] / t["base"]
+    log(f"{op:<28} {str(dtype):<15} ref {t['ref']:8.3f} ms  {baseline:<42} {t['base']:8.3f} ms  ratio {ratio:5.2f}")
+    return {
+        "op": op,
+        "dtype": str(dtype).replace("torch.", ""),
+        "ref_ms": round(t["ref"], 4),
+        "baseline": baseline,
+        "baseline_ms": round(t["base"], 4),
+        "ratio": round(ratio, 3),
+    }
+
+
+def strided_caches(num_blocks: int, dtype: torch.dtype, layers: int = 2):
+    """K and V as the allocator builds them: per-layer strided views over one int8 backing (K|V packed per head)."""
+    elem = torch.empty((), dtype=dtype).element_size()
+    backing = torch.zeros(num_blocks * layers * HKV * BS * 2 * D * elem, dtype=torch.int8)
+    typed = backing.view(dtype).view(num_blocks, layers, HKV, BS, 2 * D)
+    k = typed[:, 0, :, :, :D].permute(0, 2, 1, 3)
+    v = typed[:, 0, :, :, D:].permute(0, 2, 1, 3)
+    return k, v
+
+
+class PagedCase:
+    """One batch on both sides: our strided caches and vLLM's CPU layout, holding the same K/V values."""
+
+    def __init__(self, dtype, q_lens: list[int], ctx_lens: list[int], seed: int = 0):
+        from vllm import _custom_ops as vllm_ops
+        from vllm import envs
+        from vllm.v1.attention.backends.cpu_attn import _get_attn_isa
+
+        gen = torch.Generator().manual_seed(seed)
+        self.vllm_ops, self.dtype = vllm_ops, dtype
+        blocks = [-(-n // BS) for n in ctx_lens]
+        self.num_blocks = sum(blocks) + 2
+        self.k, self.v = strided_caches(self.num_blocks, dtype)
+        perm = torch.randperm(self.num_blocks, generator=gen)  # fragmented, as after some churn
+        width = max(blocks)
+        table = torch.zeros(len(ctx_lens), width, dtype=torch.int32)
+        used = 0
+        for r, n in enumerate(blocks):
+            table[r, :n] = perm[used : used + n]
+            used += n
+        self.block_table = table
+        self.qsl = torch.tensor([0] + torch.tensor(q_lens).cumsum(0).tolist(), dtype=torch.int32)
+        self.seq_lens = torch.tensor(ctx_lens, dtype=torch.int32)
+        self.query = torch.randn(int(self.qsl[-1]), HQ, D, generator=gen).to(dtype)
+        self.scale = D**-0.5
+        # Fill every context position once through our op, the same tokens through vLLM's writer.
+        slots = torch.cat(
+            [table[r, torch.arange(n) // BS].long() * BS + torch.arange(n) % BS for r, n in enumerate(ctx_lens)]
+        )
+        keys = torch.randn(slots.numel(), HKV, D, generator=gen).to(dtype)
+        values = torch.randn(slots.numel(), HKV, D, generator=gen).to(dtype)
+        ops.reshape_and_cache(keys, values, self.k, self.v, slots)
+        self.isa = _get_attn_isa(dtype, BS, D)
+        kv = torch.zeros(self.num_blocks, HKV, BS, 2 * D, dtype=dtype).view(self.num_blocks, HKV, 2 * BS, D)
+        self.vk, self.vv = kv.chunk(2, dim=2)
+        vllm_ops.cpu_attn_reshape_and_cache(keys, values, self.vk, self.vv, slots, self.isa)
+        self.slots, self.keys, self.values = slots, keys, values
+        self.meta = vllm_ops.cpu_attn_get_scheduler_metadata(
+            num_reqs=len(ctx_lens),
+            num_heads=HQ,
+            num_kv_heads=HKV,
+            head_dim=D,
+            seq_lens=self.seq_lens,
+            dtype=dtype,
+            query_start_loc=self.qsl,
+            causal=True,
+            sliding_window_size=-1,
+            isa=self.isa,
+            enable_kv_split=envs.VLLM_CPU_ATTN_SPLIT_KV,
+        )
+        self.out = torch.empty_like(self.query)
+
+    def ours(self):
+        return ops.paged_attention(
+            self.query, self.k, self.v, self.block_table, self.qsl, self.seq_lens, scale=self.scale
+        )
+
+    def vllm(self):
+        self.vllm_ops.cpu_attention_with_kv_cache(
+            query=self.query,
+            key_cache=self.vk,
+            value_cache=self.vv,
+            output=self.out,
+            query_start_loc=self.qsl,
+            seq_lens=self.seq_lens,
+            scale=self.scale,
+            causal=True,
+            alibi_slopes=None,
+            sliding_window=-1,
+            block_table=self.block_table,
+            softcap=0.0,
+            scheduler_metadata=self.meta,
+            s_aux=None,
+        )
+        return self.out
+
+
+def bench_paged(repeats: int) -> tuple[list[dict], dict[str, float]]:
+    rows, decode = [], {}
+    for dtype in (torch.float32, torch.bfloat16):
+        case = PagedCase(dtype, [1] * B, [CTX] * B)
+        torch.testing.assert_close(case.ours().float(), case.vllm().float(), rtol=2e-2, atol=2e-2)
+        t = best_ms({"ref": case.ours, "base": case.vllm}, repeats)
+        row = entry("paged_attention_decode", dtype, t, "vllm torch.ops._C.cpu_attention_with_kv_cache")
+        rows.append(row)
+        decode[row["dtype"]] = row["ratio"]
+        t = best_ms(
+            {
+                "ref": lambda c=case: ops.reshape_and_cache(c.keys, c.values, c.k, c.v, c.slots),
+                "base": lambda c=case: c.vllm_ops.cpu_attn_reshape_and_cache(
+                    c.keys, c.values, c.vk, c.vv, c.slots, c.isa
+                ),
+            },
+            repeats,
+        )
+        rows.append(entry(f"reshape_and_cache ({case.slots.numel()} tok)", dtype, t, "vllm cpu_attn_reshape_and_cache"))
+    case = PagedCase(torch.float32, [512, 1, 1], [512, CTX, CTX])
+    torch.testing.assert_close(case.ours(), case.vllm(), rtol=2e-3, atol=2e-3)
+    t = best_ms({"ref": case.ours, "base": case.vllm}, max(3, repeats // 4))
+    rows.append(
+        entry("paged_attention_mixed (512+2)", torch.float32, t, "vllm torch.ops._C.cpu_attention_with_kv_cache")
+    )
+    return rows, decode
+
+
+def bench_layers(repeats: int) -> list[dict]:
+    return [row for dtype in (torch.float32, torch.bfloat16) for row in _layers_for(dtype, repeats)]
+
+
+def _layers_for(dtype: torch.dtype, repeats: int) -> list[dict]:
+    c = torch.ops._C
+    rows = []
+    x = torch.randn(64, 4096).to(dtype)
+    w = torch.randn(4096).to(dtype)
+    res = torch.randn(64, 4096).to(dtype)
+    out = torch.empty_like(x)
+    t = best_ms({"ref": lambda: ops.rms_norm(x, w, 1e-6), "base": lambda: c.rms_norm(out, x, w, 1e-6)}, repeats)
+    rows.append(entry("rms_norm [64,4096]", dtype, t, "vllm torch.ops._C.rms_norm"))
+
+    def fused_base():
+        xx, rr = x.clone(), res.clone()  # the vLLM op works in place
+        c.fused_add_rms_norm(xx, rr, w, 1e-6)
+
+    def fused_ref():
+        x.clone(), res.clone()  # the same copies, for a fair comparison
+        ops.rms_norm(x, w, 1e-6, res)
+
+    t = best_ms({"ref": fused_ref, "base": fused_base}, repeats)
+    rows.append(entry("rms_norm+residual [64,4096]", dtype, t, "vllm torch.ops._C.fused_add_rms_norm"))
+    g = torch.randn(64, 2 * 14336).to(dtype)
+    gout = torch.empty(64, 14336, dtype=dtype)
+    t = best_ms({"ref": lambda: ops.silu_and_mul(g), "base": lambda: c.silu_and_mul(gout, g)}, repeats)
+    rows.append(entry("silu_and_mul [64,28672]", dtype, t, "vllm torch.ops._C.silu_and_mul"))
+    positions = torch.randint(0, 4096, (64,))
+    inv = 1.0 / 10000 ** (torch.arange(0, D, 2).float() / D)
+    ang = torch.arange(4096).float()[:, None] * inv
+    cache = torch.cat([ang.cos(), ang.sin()], -1).to(dtype)
+    q = torch.randn(64, HQ * D).to(dtype)
+    k = torch.randn(64, HKV * D).to(dtype)
+    t = best_ms(
+        {
+            "ref": lambda: ops.rotary_embedding(positions, q, k, cache, head_size=D, rotary_dim=D, is_neox=True),
+            "base": lambda: c.rotary_embedding(positions, q, k, D, cache, True),
+        },
+        repeats,
+    )
+    rows.append(entry("rotary_embedding [64 tok]", dtype, t, "vllm torch.ops._C.rotary_embedding"))
+    return rows
+
+
+def bench_mla(repeats: int) -> list[dict]:
+    rank, rope_dim, heads, ctx, b = 512, 64, 16, 1024, 8
+    nb = b * ctx // BS + 2
+    cache = torch.randn(nb, BS, rank + rope_dim)
+    table = torch.randperm(nb)[: b * ctx // BS].view(b, -1).int()
+    seq = torch.full((b,), ctx, dtype=torch.int32)
+    q = torch.randn(b, heads, rank + rope_dim)
+    latent, rope = cache[..., :rank].unsqueeze(2), cache[..., rank:].unsqueeze(2)
+    out = torch.zeros(b, heads, rank)
+    q_nope, q_rope = q[..., :rank].contiguous(), q[..., rank:].contiguous()
+
+    def ours():
+        return ops.mla_decode_attention(q_nope, q_rope, latent, rope, table, seq, scale=0.05)
+
+    def base():
+        out.zero_()
+        torch.ops._C.mla_decode_kvcache(out, q, cache, 0.05, table, seq)
+        return out
+
+    torch.testing.assert_close(ours(), base(), rtol=2e-3, atol=2e-3)
+    t = best_ms({"ref": ours, "base": base}, repeats)
+    return [entry("mla_decode_attention (8x1024)", torch.float32, t, "vllm torch.ops._C.mla_decode_kvcache")]
+
+
+def bench_plain_torch(repeats: int) -> list[dict]:
+    """Ops without a vLLM CPU kernel, against the plain torch formulation a user would write."""
+    gen = torch.Generator().manual_seed(0)
+    rows = []
+    gating = torch.randn(256, 64)
+
+    def topk_base():
+        w, i = torch.softmax(gating, -1).topk(8, dim=-1)
+        return w / w.sum(-1, keepdim=True), i
+
+    t = best_ms({"ref": lambda: ops.topk_softmax(gating, 8, True), "base": topk_base}, repeats)
+    rows.append(entry("topk_softmax [256,64] k=8", torch.float32, t, "torch softmax+topk"))
+
+    tokens, hidden, inter, experts, k = 64, 1024, 512, 16, 2
+    x = torch.randn(tokens, hidden)
+    w13, w2 = torch.randn(experts, 2 * inter, hidden) / 32, torch.randn(experts, hidden, inter) / 32
+    weights, ids = ops.topk_softmax(torch.randn(tokens, experts), k, True)
+
+    def moe_base():  # every token through its experts, one token at a time
+        out = torch.zeros(tokens, hidden)
+        for t_ in range(tokens):
+            for j in range(k):
+                e = int(ids[t_, j])
+                gu = w13[e] @ x[t_]
+                out[t_] += weights[t_, j] * (w2[e] @ (torch.nn.functional.silu(gu[:inter]) * gu[inter:]))
+        return out
+
+    t = best_ms(
+        {"ref": lambda: ops.fused_moe_reference(x, w13, w2, weights, ids), "base": moe_base}, max(3, repeats // 4)
+    )
+    rows.append(entry("fused_moe_reference 64tok E16", torch.float32, t, "torch per-token expert loop"))
+
+    logits = torch.randn(64, 32000)
+    temp, top_k, top_p = torch.full((64,), 0.8), torch.full((64,), 50), torch.full((64,), 0.9)
+    t = best_ms({"ref": lambda: ops.sample_greedy(logits), "base": lambda: logits.argmax(-1)}, repeats)
+    rows.append(entry("sample_greedy [64,32000]", torch.float32, t, "torch argmax"))
+
+    def sample_base():
+        return torch.multinomial(torch.softmax(logits / temp[:, None], -1), 1, generator=gen)
+
+    t = best_ms({"ref": lambda: ops.sample(logits, temp, top_k, top_p, gen), "base": sample_base}, repeats)
+    rows.append(entry("sample top-k/top-p [64,32000]", torch.float32, t, "torch softmax+multinomial (no filters)"))
+
+    b, kk, vocab = 16, 4, 32000
+    target = torch.randn(b, kk, vocab)
+    drafts = torch.randint(0, vocab, (b, kk))
+    draft_probs = torch.softmax(torch.randn(b, kk, vocab), -1)
+    bonus = torch.randint(0, vocab, (b,))
+    temps = torch.ones(b)
+
+    def rejection_base():  # the textbook per-request, per-position loop
+        p = torch.softmax(target, -1)
+        out = []
+        for r in range(b):
+            row = []
+            for j in range(kk):
+                x_ = int(drafts[r, j])
+                if torch.rand((), generator=gen) * draft_probs[r, j, x_] < p[r, j, x_]:
+                    row.append(x_)
+                    continue
+                resid = (p[r, j] - draft_probs[r, j]).clamp(min=0)
+                row.append(int(torch.multinomial(resid / resid.sum(), 1, generator=gen)))
+                break
+            else:
+                row.append(int(bonus[r]))
+            out.append(row)
+        return out
+
+    t = best_ms(
+        {
+            "ref": lambda: ops.rejection_sample(drafts, draft_probs, target, bonus, temperature=temps, generator=gen),
+            "base": rejection_base,
+        },
+        repeats,
+    )
+    rows.append(entry("rejection_sample 16x4 V32000", torch.float32, t, "torch per-request loop"))
+    return rows
+
+
+def validation_overhead(repeats: int) -> dict:
+    """Validator cost of a 1-token decode step (one layer's kernel ops) over that step's time without validation."""
+    case = PagedCase(torch.float32, [1], [CTX], seed=3)
+    hidden = HQ * D
+    x, res, w = torch.randn(1, hidden), torch.randn(1, hidden), torch.randn(hidden)
+    qkv = torch.randn(1, (HQ + 2 * HKV) * D)
+    q, k = qkv[:, : HQ * D], qkv[:, HQ * D : (HQ + HKV) * D]
+    new_k, new_v = torch.randn(1, HKV, D), torch.randn(1, HKV, D)
+    slot = case.slots[-1:]
+    positions = torch.tensor([CTX - 1])
+    inv = 1.0 / 10000 ** (torch.arange(0, D, 2).float() / D)
+    ang = torch.arange(CTX).float()[:, None] * inv
+    cos_sin = torch.cat([ang.cos(), ang.sin()], -1)
+    gate_up = torch.randn(1, 2 * 14336)
+    query = case.query
+
+    def step():
+        ops.rms_norm(x, w, 1e-6, res)
+        ops.rotary_embedding(positions, q, k, cos_sin, head_size=D, rotary_dim=D, is_neox=True)
+        ops.reshape_and_cache(new_k, new_v, case.k, case.v, slot)
+        ops.paged_attention(query, case.k, case.v, case.block_table, case.qsl, case.seq_lens, scale=case.scale)
+        ops.rms_norm(x, w, 1e-6, res)
+        ops.silu_and_mul(gate_up)
+
+    def validators():
+        checks.check_rms_norm(x, w, 1e-6, res)
+        checks.check_rotary_embedding(positions, q, k, cos_sin, D, D)
+        checks.check_reshape_and_cache(new_k, new_v, case.k, case.v, slot)
+        checks.check_paged_attention(
+            query, case.k, case.v, case.block_table, case.qsl, case.seq_lens, case.scale, None, None, None
+        )
+        checks.check_rms_norm(x, w, 1e-6, res)
+        checks.check_silu_and_mul(gate_up)
+
+    def validators_x100():
+        for _ in range(100):
+            validators()
+
+    def step_unchecked():
+        ascend_kernels.set_validation(False)
+        try:
+            step()
+        finally:
+            ascend_kernels.set_validation(True)
+
+    t = best_ms({"on": step, "off": step_unchecked, "checks_x100": validators_x100}, repeats)
+    per_step_checks = t["checks_x100"] / 100
+    result = {
+        "checks_us_per_step": round(per_step_checks * 1e3, 2),
+        "step_ms_validation_off": round(t["off"], 4),
+        "step_ms_validation_on": round(t["on"], 4),
+        "fraction_direct": round(per_step_checks / t["off"], 4),
+        "fraction_paired": round((t["on"] - t["off"]) / t["off"], 4),
+        "definition": "validator time of one layer's kernel ops for 1 request at a 1024-token context / "
+        "that step's time with validation off (fraction_direct); fraction_paired is on-vs-off timing (noisier)",
+    }
+    log(f"validation: {result}")
+    return result
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=20)
+    args = parser.parse_args()
+    ascend_kernels.set_backend("reference")
+    torch.manual_seed(0)
+    log(f"torch {torch.__version__}, {torch.get_num_threads()} threads, backend {ascend_kernels.get_backend()}")
+    rows, decode = bench_paged(args.repeats)
+    rows += bench_mla(args.repeats)
+    rows += bench_layers(args.repeats)
+    rows += bench_plain_torch(args.repeats)
+    validation = validation_overhead(args.repeats * 5)
+    result = {
+        "ops": rows,
+        "paged_decode_ratio": max(decode.values()),
+        "paged_decode_ratio_by_dtype": decode,
+        "validation_overhead": validation["fraction_direct"],
+        "validation": validation,
+        "goals": {"paged_decode_ratio": 2.0, "validation_overhead": 0.05},
+        "threads": torch.get_num_threads(),
+    }
+    print(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
