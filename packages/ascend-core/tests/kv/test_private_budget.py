@@ -9,6 +9,7 @@ from ascend_core.kv.allocator import (
     KV_TRANSFER_ALIGNMENT,
     allocate_kv_caches,
     private_bytes_per_block,
+    private_total_bytes,
     scale_budget_for_private,
     shared_bytes_per_block,
 )
@@ -25,9 +26,12 @@ def test_private_total_stays_within_the_budget(plan, kv_cases, case, kv_transfer
     config = plan(specs, scaled, layout, eagle_layer=eagle)
     alloc = allocate_kv_caches(config, device="cpu", mode="private", kv_transfer=kv_transfer)
     assert alloc.nbytes <= budget
+    assert alloc.nbytes == private_total_bytes(config, config.num_blocks, kv_transfer=kv_transfer)
+    # As many blocks as fit: one more would overrun.
+    assert private_total_bytes(config, config.num_blocks + 1, kv_transfer=kv_transfer) > budget
     per_block = private_bytes_per_block(config)
-    slack = (KV_TRANSFER_ALIGNMENT - 1) * len(specs) if kv_transfer else 0
-    assert config.num_blocks >= (budget - slack) // per_block - 1  # within rounding of the best possible
+    if kv_transfer:  # each buffer's 2 MiB base costs at most its rounding, never a block's worth per buffer more
+        assert config.num_blocks >= (budget - KV_TRANSFER_ALIGNMENT * (len(specs) + 1)) // per_block
     if len(shared.kv_cache_groups) == 1 and not kv_transfer:
         assert config.num_blocks == shared.num_blocks  # one group: private costs what shared costs
     if len(shared.kv_cache_groups) > 1:

@@ -24,6 +24,8 @@ logger = init_logger(__name__)
 
 KV_TRANSFER_ALIGNMENT = 2 << 20
 """Transfer engines register memory at this granularity; a registered base must sit on it."""
+PRIVATE_ALIGNMENT = 512
+"""Start of each private buffer inside its allocation when no transfer is set up (any dtype view fits)."""
 
 
 @dataclass(frozen=True)
@@ -54,8 +56,9 @@ class KVCacheAllocation:
 
     @property
     def nbytes(self) -> int:
-        """Bytes of every real buffer (alignment slack included)."""
-        return sum(s.tensor.untyped_storage().nbytes() for s in self.storages)
+        """Bytes of every underlying allocation (alignment slack included), each counted once."""
+        storages = {s.tensor.untyped_storage().data_ptr(): s.tensor.untyped_storage().nbytes() for s in self.storages}
+        return sum(storages.values())
 
 
 def _allocate(nbytes: int, device: torch.device, align: int | None) -> torch.Tensor:
@@ -65,6 +68,31 @@ def _allocate(nbytes: int, device: torch.device, align: int | None) -> torch.Ten
     raw = torch.zeros(nbytes + align - 1, dtype=torch.int8, device=device)
     pad = -raw.data_ptr() % align
     return raw[pad:pad + nbytes]
+
+
+def _private_offsets(sizes: Sequence[int], align: int) -> tuple[list[int], int]:
+    """Offsets of private buffers laid one after the other, each starting on `align`; and the total length."""
+    offsets, end = [], 0
+    for size in sizes:
+        start = -(-end // align) * align
+        offsets.append(start)
+        end = start + size
+    return offsets, end
+
+
+def _carve_private(sizes: dict[tuple, tuple[int, torch.device]], align: int | None) -> dict[tuple, torch.Tensor]:
+    """Private buffers cut from one zeroed allocation per device, each sized from its layer's spec.
+
+    One allocation instead of one per layer: a 2 MiB base per buffer then costs at most the rounding of each
+    buffer to the next boundary instead of a whole 2 MiB of slack per buffer.
+    """
+    out: dict[tuple, torch.Tensor] = {}
+    for dev in dict.fromkeys(d for _, d in sizes.values()):
+        keys = [k for k, (_, d) in sizes.items() if d == dev]
+        offsets, total = _private_offsets([sizes[k][0] for k in keys], align or PRIVATE_ALIGNMENT)
+        slab = _allocate(total, dev, align)
+        out.update((k, slab[o:o + sizes[k][0]]) for k, o in zip(keys, offsets, strict=True))
+    return out
 
 
 def allocate_kv_caches(
@@ -92,14 +120,16 @@ def allocate_kv_caches(
     device, host_device = torch.device(device), torch.device(host_device)
     align = KV_TRANSFER_ALIGNMENT if kv_transfer else None
 
-    backings: dict[tuple, torch.Tensor] = {}
     members: dict[tuple, list[str]] = {}
     for p in placements:
-        if p.backing not in backings:
-            backings[p.backing] = _allocate(p.backing_size, host_device if p.host else device, align)
-            members[p.backing] = []
-        if p.layer not in members[p.backing]:
-            members[p.backing].append(p.layer)
+        layers_there = members.setdefault(p.backing, [])
+        if p.layer not in layers_there:
+            layers_there.append(p.layer)
+    sizes = {p.backing: (p.backing_size, host_device if p.host else device) for p in placements}
+    if mode == "private":
+        backings = _carve_private(sizes, align)
+    else:
+        backings = {key: _allocate(size, dev, align) for key, (size, dev) in sizes.items()}
 
     layers: dict[str, LayerKV] = {}
     vllm_views: dict[str, torch.Tensor] = {}
@@ -136,17 +166,34 @@ def shared_bytes_per_block(kv_cache_groups_or_config: Any) -> int:
     return max(widths, default=0)
 
 
+def private_total_bytes(kv_cache_groups_or_config: Any, num_blocks: int, *, kv_transfer: bool = False) -> int:
+    """Bytes private mode allocates for `num_blocks` (per device: buffers laid end to end on their alignment)."""
+    groups = getattr(kv_cache_groups_or_config, "kv_cache_groups", kv_cache_groups_or_config)
+    by_host: dict[bool, list[int]] = {}
+    for _, spec in layer_specs(groups).values():
+        by_host.setdefault(bool(getattr(spec, "host_resident", False)), []).append(num_blocks * private_bytes(spec))
+    align = KV_TRANSFER_ALIGNMENT if kv_transfer else PRIVATE_ALIGNMENT
+    slack = KV_TRANSFER_ALIGNMENT - 1 if kv_transfer else 0
+    return sum(_private_offsets(sizes, align)[1] + slack for sizes in by_host.values())
+
+
 def scale_budget_for_private(kv_cache_groups_or_config: Any, available_memory: int, *,
                              kv_transfer: bool = False) -> int:
     """The memory to hand vLLM's planner so that private per-layer buffers never exceed `available_memory`.
 
     The planner sizes blocks by the widest group (groups overlay in its shared backing); private buffers pay for
-    every layer of every group, plus alignment slack per buffer when a KV transfer needs 2 MiB bases.
+    every layer of every group, plus their alignment. Finds the most blocks whose private total fits, and returns
+    the shared budget that buys exactly that many (never more: vLLM's own bytes per block are at least ours).
     """
     groups = getattr(kv_cache_groups_or_config, "kv_cache_groups", kv_cache_groups_or_config)
     shared, private = shared_bytes_per_block(groups), private_bytes_per_block(groups)
     if not private:
         return available_memory
-    slack = (KV_TRANSFER_ALIGNMENT - 1) * len(layer_specs(groups)) if kv_transfer else 0
-    blocks = max(available_memory - slack, 0) // private
-    return blocks * shared
+    lo, hi = 0, available_memory // private  # private_total_bytes(lo) fits; hi is an upper bound
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if private_total_bytes(groups, mid, kv_transfer=kv_transfer) <= available_memory:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo * shared

@@ -92,6 +92,6 @@ def layout_strides(
 
 def span_bytes(shape: tuple[int, ...], strides: tuple[int, ...]) -> int:
     """Bytes from the first to one past the last byte an `as_strided(shape, strides)` view touches."""
-    if any(s == 0 for s in shape):
+    if 0 in shape:
         return 0
     return sum((n - 1) * st for n, st in zip(shape, strides, strict=True)) + 1

@@ -30,10 +30,8 @@ class LayerPlacement:
     offset: int
     shape: tuple[int, int, int, int]
     strides: tuple[int, int, int, int]
-
-    @property
-    def end(self) -> int:
-        return self.offset + span_bytes(self.shape, self.strides)
+    end: int
+    """One past the last byte the view touches."""
 
 
 def layer_specs(kv_cache_groups: Any) -> dict[str, tuple[int, Any]]:
@@ -108,6 +106,26 @@ def _page_geometry(spec: Any, kb: int | None) -> tuple[int, int, int, int | None
     return heads, states, content, padded
 
 
+def _descriptor_grid(where: str, spec: Any, kb: int | None, layout: KVLayout, n_layers: int, num_blocks: int,
+                     layer_stride: int, block_stride: int) -> tuple[tuple[int, ...], tuple[int, ...], int]:
+    """`[L, B, H, N, C]` shape, byte strides and view span of a descriptor's layers of one spec, checked."""
+    heads, states, content, padded = _page_geometry(spec, kb)
+    dense_page = heads * kv_spec_page_shape(spec)[1] * content
+    page = max(dense_page, padded or 0)
+    blocks = num_blocks
+    if kb is not None:
+        split = spec.block_size // kb
+        if block_stride != dense_page:
+            raise KVLayoutError(f"{where}: block_stride={block_stride} is not one dense page ({dense_page} bytes),"
+                                f" so a block cannot be split into {split} kernel blocks of {kb} tokens")
+        blocks, block_stride, padded, page = num_blocks * split, block_stride // split, None, dense_page // split
+    shape5 = (n_layers, blocks, heads, states, content)
+    strides5 = layout_strides(shape5, layout, padded_page=padded,
+                              fixed=(layer_stride or None, block_stride or None, None, None, None))
+    _check_strides(where, layout, shape5, strides5, page)
+    return shape5, strides5, span_bytes(shape5[1:], strides5[1:])
+
+
 def shared_placements(kv_cache_config: Any, layout: KVLayout,
                       kernel_block_sizes: list[int] | None = None) -> list[LayerPlacement]:
     """Placements exactly as the config's descriptors say, validated."""
@@ -124,33 +142,24 @@ def shared_placements(kv_cache_config: Any, layout: KVLayout,
         if host and getattr(kv_cache_config, "hisparse_host_num_blocks", None):
             num_blocks = kv_cache_config.hisparse_host_num_blocks
         backing = ("config", host) if shares else ("tensor", i)
+        # Legacy descriptors alias their layers: every layer sees the whole buffer from the same offset.
+        n_layers = len(names) if shares else 1
+        grids: dict[tuple, tuple] = {}  # one descriptor's layers share a spec: compute its grid once
         for index, name in enumerate(names):
             gid, spec = specs[name]
             kb = _kernel_split(spec, gid, kernel_block_sizes)
-            heads, states, content, padded = _page_geometry(spec, kb)
             where = f"KV cache tensor #{i}, layer {name!r}"
-            dense_page = heads * kv_spec_page_shape(spec)[1] * content
-            page = max(dense_page, padded or 0)
-            blocks, bstride = num_blocks, block_stride
-            if kb is not None:
-                split = spec.block_size // kb
-                if bstride != dense_page:
-                    raise KVLayoutError(f"{where}: block_stride={bstride} is not one dense page ({dense_page} bytes),"
-                                        f" so a block cannot be split into {split} kernel blocks of {kb} tokens")
-                blocks, bstride, padded, page = num_blocks * split, bstride // split, None, dense_page // split
-            # Legacy descriptors alias their layers: every layer sees the whole buffer from the same offset.
-            n_layers, layer_index = (len(names), index) if shares else (1, 0)
-            shape5 = (n_layers, blocks, heads, states, content)
-            strides5 = layout_strides(shape5, layout, padded_page=padded,
-                                      fixed=(layer_stride or None, bstride or None, None, None, None))
-            _check_strides(where, layout, shape5, strides5, page)
-            placement = LayerPlacement(name, gid, spec, backing, tensor.size, host,
-                                       offset + layer_index * strides5[DIM_L], shape5[1:], strides5[1:])
-            if placement.end > tensor.size:
-                raise KVLayoutError(f"{where}: its view ends at byte {placement.end}, past the end of its backing "
+            if (spec, kb) not in grids:
+                grids[spec, kb] = _descriptor_grid(where, spec, kb, layout, n_layers, num_blocks, layer_stride,
+                                                   block_stride)
+            shape5, strides5, span = grids[spec, kb]
+            start = offset + (index if shares else 0) * strides5[DIM_L]
+            if start + span > tensor.size:
+                raise KVLayoutError(f"{where}: its view ends at byte {start + span}, past the end of its backing "
                                     f"({tensor.size} bytes; offset={offset}, layer_stride={strides5[DIM_L]}, "
-                                    f"block_stride={strides5[DIM_B]}, num_blocks={blocks})")
-            out.append(placement)
+                                    f"block_stride={strides5[DIM_B]}, num_blocks={shape5[DIM_B]})")
+            out.append(LayerPlacement(name, gid, spec, backing, tensor.size, host, start, shape5[1:], strides5[1:],
+                                      start + span))
     return out
 
 
@@ -167,7 +176,8 @@ def private_placements(kv_cache_config: Any, layout: KVLayout,
         strides5 = layout_strides(shape5, layout, padded_page=None if kb else padded)
         size = max(strides5[d] * shape5[d] for d in range(5))
         host = bool(getattr(spec, "host_resident", False))
-        out.append(LayerPlacement(name, gid, spec, ("layer", name), size, host, 0, shape5[1:], strides5[1:]))
+        out.append(LayerPlacement(name, gid, spec, ("layer", name), size, host, 0, shape5[1:], strides5[1:],
+                                  span_bytes(shape5[1:], strides5[1:])))
     return out
 
 

@@ -27,7 +27,7 @@ _OR_MERGED_FIELDS = frozenset({"non_causal", "non_causal_multi_token_decode"})
 
 
 def _dtype_size(dtype: torch.dtype) -> int:
-    return torch.empty((), dtype=dtype).element_size()
+    return dtype.itemsize
 
 
 def merge_identical_specs(specs: list[Any]) -> Any:

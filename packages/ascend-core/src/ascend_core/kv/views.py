@@ -56,7 +56,7 @@ LayerKV = AttentionKV | MLAKV | IndexerKV | MambaState
 
 
 def _dtype_size(dtype: torch.dtype) -> int:
-    return torch.empty((), dtype=dtype).element_size()
+    return dtype.itemsize
 
 
 def _part(byte_view: torch.Tensor, start: int, nbytes: int, dtype: torch.dtype, layer: str) -> torch.Tensor:

@@ -16,9 +16,7 @@ from ascend_core.upstream.mla import mla_ratio
 
 
 def _dtype_size(dtype: Any) -> int:
-    import torch
-
-    return torch.empty((), dtype=dtype).element_size()
+    return dtype.itemsize
 
 
 def kv_spec_page_shape(spec: Any, kernel_block_size: int | None = None) -> tuple[int, int, int]:
