@@ -101,10 +101,14 @@ class AscendPlatformBase(Platform):
             compilation.cudagraph_capture_sizes = []
             compilation.mode = CompilationMode.NONE
             return
+        from ascend_platform.graph.plan import default_capture_sizes
+
         compilation.cudagraph_mode = (CUDAGraphMode.FULL_DECODE_ONLY if ascend.graph_mode == "full"
                                       else CUDAGraphMode.PIECEWISE)
-        if ascend.graph_capture_sizes is not None:
-            compilation.cudagraph_capture_sizes = list(ascend.graph_capture_sizes)
+        max_seqs = vllm_config.scheduler_config.max_num_seqs
+        sizes = list(ascend.graph_capture_sizes or default_capture_sizes(max_seqs))
+        # Never capture more than the batch can hold; ACL graphs are memory-hungry per size.
+        compilation.cudagraph_capture_sizes = [s for s in sizes if s <= max_seqs] or [min(sizes)]
 
     @classmethod
     def _decide_custom_ops(cls, vllm_config: VllmConfig, ascend: AscendConfig) -> None:
