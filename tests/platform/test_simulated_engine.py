@@ -33,7 +33,8 @@ def test_our_allocator_backend_and_kernels_did_the_work(engine_runs):
     assert counts["allocator.shared"] >= 1 and facts["allocator"] == "ascend_core.kv.allocator.allocate_kv_caches"
     assert counts["attention.ascend.bound_layers"] == 2  # both layers of the tiny Llama got our K/V views
     assert facts["kernel_backend"] == "reference" and facts["kernel_checks"] is True  # every call's args checked
-    for op in ("kernels.paged_attention", "kernels.reshape_and_cache", "kernels.rms_norm", "kernels.silu_and_mul"):
+    for op in ("kernels.paged_attention", "kernels.reshape_and_cache", "kernels.rms_norm", "kernels.silu_and_mul",
+               "kernels.rotary_embedding"):
         assert counts.get(op, 0) > 0, (op, counts)
     assert facts["runner_class"].startswith("ascend_platform.worker.")
 

@@ -46,7 +46,7 @@ class AscendConfig(BaseModel):
         False, description="Check every ascend_kernels call's arguments (shapes, dtypes, devices); off on the hot "
         "path by default.")
     custom_ops: bool = Field(
-        True, description="Replace vLLM's RMSNorm, SiluAndMul and rotary embedding with ascend_kernels ops.")
+        True, description="Replace vLLM's RMSNorm, SiluAndMul and RotaryEmbedding with ascend_kernels ops.")
     block_size: int | None = Field(
         None, description="KV block size when the user gave none (multiple of 16); default 128.")
 

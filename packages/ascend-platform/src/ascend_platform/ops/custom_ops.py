@@ -1,4 +1,4 @@
-"""Out-of-tree replacements for vLLM's RMSNorm and SiluAndMul, calling `ascend_kernels`.
+"""Out-of-tree replacements for vLLM's RMSNorm, SiluAndMul and RotaryEmbedding, calling `ascend_kernels`.
 
 vLLM instantiates the class registered with `CustomOp.register_oot` under the in-tree class name, and on an
 out-of-tree platform dispatches to `forward_oot`. Registration is global in vLLM and rejects duplicates, so
@@ -23,6 +23,7 @@ def register_custom_ops() -> bool:
     from vllm.model_executor.custom_op import CustomOp
     from vllm.model_executor.layers.activation import SiluAndMul
     from vllm.model_executor.layers.layernorm import RMSNorm
+    from vllm.model_executor.layers.rotary_embedding.base import RotaryEmbedding
 
     @CustomOp.register_oot(name="RMSNorm")
     class AscendRMSNorm(RMSNorm):
@@ -37,6 +38,14 @@ def register_custom_ops() -> bool:
         def forward_oot(self, x: torch.Tensor) -> torch.Tensor:
             with usage.timed("kernels.silu_and_mul"):
                 return kernel_ops().silu_and_mul(x)
+
+    @CustomOp.register_oot(name="RotaryEmbedding")
+    class AscendRotaryEmbedding(RotaryEmbedding):
+        def forward_oot(self, positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor | None = None):
+            cos_sin_cache = self._match_cos_sin_cache_dtype(query)
+            with usage.timed("kernels.rotary_embedding"):
+                return kernel_ops().rotary_embedding(positions, query, key, cos_sin_cache, head_size=self.head_size,
+                                                     rotary_dim=self.rotary_dim, is_neox=self.is_neox_style)
 
     _registered = True
     return True
