@@ -6,6 +6,8 @@ import dataclasses
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from vllm.config import CUDAGraphMode
 from vllm.v1.attention.backends.utils import PAD_SLOT_ID
 from vllm.v1.worker.gpu.cudagraph_utils import BatchExecutionDescriptor
@@ -139,3 +141,23 @@ def test_full_descriptor_for_prefill_is_refused_by_the_partition():
     full = dataclasses.replace(piecewise(32), cg_mode=CUDAGraphMode.FULL, num_reqs=4)
     with pytest.raises(RuntimeError, match="decode-only"):
         m.partition_batch(batch, full)
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    lens=st.lists(st.integers(1, 120), min_size=1, max_size=4),
+    descriptor=st.one_of(st.none(), st.integers(1, 256)),
+)
+def test_no_descriptor_ever_drops_a_real_token(lens, descriptor):
+    batch, ids = global_batch(lens)
+    desc = None if descriptor is None else piecewise(descriptor)
+    seen, padded = [], set()
+    for m in managers():
+        local = m.partition_batch(batch, desc)
+        assert local.num_tokens_after_padding >= local.num_tokens
+        if descriptor is not None:
+            assert local.num_tokens_after_padding >= descriptor
+        seen += local.input_ids[: local.num_tokens].tolist()
+        padded.add(local.num_tokens_after_padding)
+    assert sorted(seen) == ids.tolist()
+    assert len(padded) == 1  # every rank pads to the same count, as the all-gathers need
