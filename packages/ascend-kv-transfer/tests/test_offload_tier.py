@@ -60,3 +60,16 @@ def test_store_then_load_restores_exact_bytes():
         ref = before[i * 16 * 32:(i + 1) * 16 * 32].view(16, 32)
         assert torch.equal(t[10:13], ref[2:5]) and torch.equal(t[1], ref[9])
         assert t[0].eq(0).all()
+
+
+def test_separate_layer_buffers_copy_per_layer_and_run():
+    caches = {"a": torch.randn(6, 16), "b": torch.randn(6, 16)}
+    ref = {k: v.clone() for k, v in caches.items()}
+    tier = HostTier(caches, num_slots=4)
+    tier.store([0, 1, 3], [4, 5, 0])
+    assert tier.copies == 2 * 2
+    for t in caches.values():
+        t.zero_()
+    tier.load([0, 1, 3], [0, 1, 2])
+    for k, t in caches.items():
+        assert torch.equal(t[0:2], ref[k][4:6]) and torch.equal(t[2], ref[k][0])

@@ -120,6 +120,10 @@ class AscendOffloadingConnector(KVConnectorBase_V1, SupportsHMA):
     def get_kv_connector_stats(self) -> AscendKVConnectorStats | None:
         return self._deltas.take(dict(self._worker.stats.__dict__)) if self._worker is not None else None
 
+    def shutdown(self) -> None:
+        if self._worker is not None:
+            self._worker.shutdown()
+
     def connector_stats(self) -> dict[str, Any]:
         if self._worker is not None:
             return dict(self._worker.stats.__dict__)

@@ -1,13 +1,15 @@
 """The worker's host tier: slot-addressed host buffers and zero-copy byte views over each layer's device blocks.
 
 Each layer gets a `[num_blocks, page_bytes]` uint8 view aliasing its KV memory (no copy) and a host buffer of
-`[num_slots, page_bytes]`; a run of consecutive blocks that maps to consecutive slots moves with one `copy_` per
+`[num_slots, page_bytes]`; a run of consecutive blocks that maps to consecutive slots moves with one copy per
 layer. Layouts whose pages are not contiguous or overlap are refused by `describe_kv_caches`.
 """
 
 from __future__ import annotations
 
+import ctypes
 from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
@@ -24,18 +26,36 @@ def block_byte_view(tensor: torch.Tensor, block_stride: int, page_bytes: int, nu
     return view
 
 
+def _memmove_able(dst: torch.Tensor, src: torch.Tensor) -> bool:
+    return dst.device.type == "cpu" and src.device.type == "cpu" and dst.is_contiguous() and src.is_contiguous()
+
+
+def _memmove_all(jobs: Sequence[tuple[int, int, int]]) -> None:
+    for dst, src, n in jobs:
+        ctypes.memmove(dst, src, n)  # ctypes drops the GIL for the call, so several threads copy at once
+
+
 class HostTier:
     def __init__(self, kv_caches: Mapping[str, torch.Tensor], num_slots: int, num_blocks: int | None = None,
-                 pin_memory: bool = False):
+                 pin_memory: bool = False, num_threads: int | None = None):
         self.regions: KVRegions = describe_kv_caches(kv_caches, num_blocks)
         if num_slots < 1:
             raise ValueError(f"num_slots={num_slots}")
         self.num_slots = num_slots
         self.device_views = [block_byte_view(kv_caches[r.name], r.block_stride, r.page_bytes, r.num_blocks)
                              for r in self.regions.regions]
-        self.host = [torch.empty((num_slots, r.page_bytes), dtype=torch.uint8, pin_memory=pin_memory)
-                     for r in self.regions.regions]
+        # One zero-filled allocation: its pages are touched now, not on the first store of a busy step.
+        self._buffer = torch.zeros(num_slots * self.regions.bytes_per_block, dtype=torch.uint8, pin_memory=pin_memory)
+        self.host, offset = [], 0
+        for r in self.regions.regions:
+            self.host.append(self._buffer[offset:offset + num_slots * r.page_bytes].view(num_slots, r.page_bytes))
+            offset += num_slots * r.page_bytes
         self.copies = 0
+        # Host copies of many 1 MiB pieces: torch's copy_ opens a parallel region per call and runs at a fraction of
+        # memcpy speed, so contiguous CPU pieces are memmoved, split over as many threads as torch would use.
+        self._threads = max(1, num_threads or torch.get_num_threads())
+        self._pool = ThreadPoolExecutor(self._threads, thread_name_prefix="ascend-kv-offload") \
+            if self._threads > 1 else None
 
     @property
     def bytes_per_block(self) -> int:
@@ -51,13 +71,24 @@ class HostTier:
 
     def _move(self, blocks: Sequence[int], slots: Sequence[int], *, to_host: bool) -> int:
         moved = 0
+        jobs: list[tuple[int, int, int]] = []
         for run in coalesce_runs(blocks, slots):
             b, s, n = run.local_start, run.remote_start, run.length
             for dev, host in zip(self.device_views, self.host, strict=True):
-                if to_host:
-                    host[s:s + n].copy_(dev[b:b + n])
+                dst, src = (host[s:s + n], dev[b:b + n]) if to_host else (dev[b:b + n], host[s:s + n])
+                if _memmove_able(dst, src):
+                    jobs.append((dst.data_ptr(), src.data_ptr(), src.nbytes))
                 else:
-                    dev[b:b + n].copy_(host[s:s + n])
-                moved += n * host.shape[1]
+                    dst.copy_(src)
+                moved += src.nbytes
                 self.copies += 1
+        if self._pool is not None and len(jobs) > 1:
+            list(self._pool.map(_memmove_all, [jobs[i::self._threads] for i in range(self._threads)]))
+        else:
+            _memmove_all(jobs)
         return moved
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None

@@ -41,6 +41,10 @@ class OffloadWorker:
             self.stats.bytes_loaded += self.tier.load(slots, blocks)
             self.stats.blocks_loaded += len(blocks)
 
+    def shutdown(self) -> None:
+        if self.tier is not None:
+            self.tier.close()
+
     def take_finished_stores(self) -> set[str]:
         done, self._finished_stores = self._finished_stores, set()
         return done
