@@ -133,6 +133,15 @@ def test_constructor_errors_name_the_bad_value():
         AscendPCPManager(2, 0, CPU)
     with pytest.raises(ValueError, match="pcp_rank 2 is outside the PCP group of size 2"):
         AscendPCPManager(2, 2, CPU, max_num_reqs=4, max_num_tokens=64)
+    with pytest.raises(ValueError, match="decode context parallel \\(dcp_world_size=2\\)"):
+        AscendPCPManager(2, 0, CPU, max_num_reqs=4, max_num_tokens=64, dcp_world_size=2)
+
+
+def test_legacy_padded_count_keyword_is_a_piecewise_descriptor():
+    batch, _ = global_batch([40, 9])
+    m = managers()[0]
+    assert m.partition_batch(batch, padded_num_tokens=64).num_tokens_after_padding == 64
+    assert m.partition_batch(batch, padded_num_tokens=8).num_tokens_after_padding == 26  # rank 1: 20 + 6 real tokens
 
 
 def test_full_descriptor_for_prefill_is_refused_by_the_partition():

@@ -75,6 +75,11 @@ class AscendPCPManager(PCPManager):
             )
         if not 0 <= pcp_rank < pcp_world_size:
             raise ValueError(f"pcp_rank {pcp_rank} is outside the PCP group of size {pcp_world_size}")
+        if dcp_world_size > 1:
+            raise ValueError(
+                f"AscendPCPManager does not support decode context parallel (dcp_world_size={dcp_world_size}); "
+                "validate_pcp_config rejects this configuration"
+            )
         candidates = dict(
             pcp_world_size=pcp_world_size,
             pcp_rank=pcp_rank,
@@ -153,8 +158,17 @@ class AscendPCPManager(PCPManager):
             changes["num_reqs"] = None
         return dataclasses.replace(batch_desc, **changes)
 
-    def partition_batch(self, input_batch: InputBatch, batch_desc: Any = None, **_: Any) -> InputBatch:
-        """This rank's local batch of `input_batch`, padded to `batch_desc` but never below its real tokens."""
+    def partition_batch(
+        self, input_batch: InputBatch, batch_desc: Any = None, *, padded_num_tokens: int | None = None
+    ) -> InputBatch:
+        """This rank's local batch of `input_batch`, padded to `batch_desc` but never below its real tokens.
+
+        `padded_num_tokens` is the earlier lane's form of a PIECEWISE descriptor (a bare padded token count).
+        """
+        if batch_desc is None and padded_num_tokens is not None:
+            batch_desc = BatchExecutionDescriptor(
+                cg_mode=CUDAGraphMode.PIECEWISE, num_tokens=padded_num_tokens, num_reqs=None
+            )
         real = rank_token_counts(
             input_batch.num_scheduled_tokens,
             input_batch.is_prefilling_np,
