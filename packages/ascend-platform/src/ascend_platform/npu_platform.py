@@ -8,7 +8,6 @@ real-device methods, and only when called.
 from __future__ import annotations
 
 import json
-import os
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -213,5 +212,8 @@ class AscendNPUPlatform(AscendPlatformBase):
     def chip(cls, ascend: AscendConfig) -> str:
         if ascend.chip != "auto":
             return ascend.chip
-        name = os.environ.get("ASCEND_CHIP_NAME") or ""
-        return "310P" if "310P" in name else "A2"
+        try:
+            name = torch.npu.get_device_name(0)  # e.g. "Ascend910B1", "Ascend910_9391", "Ascend310P3"
+        except Exception:  # torch_npu not loaded yet (main process): the A2/A3 policy is the same
+            name = ""
+        return "310P" if "310P" in name else ("A3" if "910_93" in name else "A2")

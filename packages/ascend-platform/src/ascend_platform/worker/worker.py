@@ -79,6 +79,8 @@ def _simulated_worker() -> type:
     from vllm.v1.worker.cpu_worker import CPUWorker
     from vllm.v1.worker.gpu_worker import init_worker_distributed_environment
 
+    from ascend_platform.worker.cpu_threads import bind_worker_threads
+
     class SimulatedAscendWorker(AscendWorkerMixin, CPUWorker):
         """The Ascend worker on the CPU device."""
 
@@ -93,6 +95,8 @@ def _simulated_worker() -> type:
             from ascend_platform.platform import NPUPlatform
 
             self.device = torch.device("cpu")
+            cpus = bind_worker_threads(self.local_rank, self.parallel_config.local_world_size)
+            usage.note("worker_cpus", cpus)
 
             def skip_set_num_threads(n: int) -> None:
                 logger.warning("torch.set_num_threads(%d) skipped after the CPU thread binding", n)
