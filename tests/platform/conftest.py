@@ -102,6 +102,7 @@ def engine_runs(tmp_path_factory, tiny_model, prompts, v2_status):
         "cpu": {**base, "platform": "cpu", "runner": "v1"},
         "ascend_v1": {**base, "platform": "ascend", "runner": "v1", "sleep": True,
                       "additional_config": {"kernel_checks": True}},
+        "ascend_310p": {**base, "platform": "ascend", "runner": "v1", "additional_config": {"chip": "310P"}},
         "bad_config": {**base, "platform": "ascend", "runner": "v1",
                        "bad_configs": [{"no_such_option": 1}, {"graph_mode": "warp-speed"}]},
     }

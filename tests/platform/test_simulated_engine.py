@@ -1,7 +1,7 @@
 """The whole plugin inside a real vLLM engine (simulated-NPU lane) against vLLM's own CPU platform.
 
 Engines are shared per session (see conftest): vLLM-CPU, ours with the V1 runner (then asleep and awake), ours with
-MRV2 where vLLM can run it, and a start-up with bad `additional_config`s.
+MRV2 where vLLM can run it, ours as a 310P (private per-layer KV buffers), and a start-up with bad `additional_config`s.
 """
 
 from __future__ import annotations
@@ -24,6 +24,13 @@ def test_mrv2_greedy_matches_vllm_cpu(engine_runs, logprobs_close, v2_status):
     ours, cpu = engine_runs["ascend_v2"], engine_runs["cpu"]
     assert ours["usage"]["facts"]["runner"] == "v2"
     logprobs_close(ours["outputs"], cpu["outputs"])
+
+
+def test_310p_private_kv_buffers_match_vllm_cpu(engine_runs, logprobs_close):
+    ours = engine_runs["ascend_310p"]
+    assert ours["usage"]["facts"]["kv_mode"] == "private" and ours["usage"]["counts"]["allocator.private"] >= 1
+    assert ours["usage"]["facts"]["attention_backend"] == "ASCEND_310P"
+    logprobs_close(ours["outputs"], engine_runs["cpu"]["outputs"])
 
 
 def test_our_allocator_backend_and_kernels_did_the_work(engine_runs):

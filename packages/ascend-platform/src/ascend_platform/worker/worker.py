@@ -54,6 +54,23 @@ class AscendWorkerMixin:
             self._sleep = SleepController(self.model_runner)
         return self._sleep
 
+    def determine_available_memory(self) -> int:
+        """vLLM's budget; scaled down when our private per-layer buffers (310P) cost more than its shared pages."""
+        available = super().determine_available_memory()
+        from ascend_platform.worker.kv_binding import kv_mode_for
+
+        if kv_mode_for(self.vllm_config) != "private":
+            return available
+        from vllm.v1.core.kv_cache_utils import get_kv_cache_groups
+
+        from ascend_core.kv.allocator import scale_budget_for_private
+
+        groups = get_kv_cache_groups(self.vllm_config, self.model_runner.get_kv_cache_spec())
+        kv_transfer = self.vllm_config.kv_transfer_config is not None
+        scaled = scale_budget_for_private(groups, available, kv_transfer=kv_transfer)
+        logger.info("private KV buffers: planner budget %d -> %d bytes", available, scaled)
+        return scaled
+
     def _maybe_get_memory_pool_context(self, tag: str) -> AbstractContextManager:
         return nullcontext()  # sleep mode keeps host copies itself (SleepController): no cumem memory pool
 
@@ -67,9 +84,11 @@ class AscendWorkerMixin:
         """What ran in this worker: counters from our parts, the runner, allocator and kernel backend."""
         report = usage.snapshot()
         report["sleep"] = self.sleep_controller.state()
-        attn = {type(getattr(layer, "impl", None)).__qualname__
-                for layer in self.model_runner.compilation_config.static_forward_context.values()}
+        layers = self.model_runner.compilation_config.static_forward_context.values()
+        attn = {type(getattr(layer, "impl", None)).__qualname__ for layer in layers}
         report["attention_impls"] = sorted(a for a in attn if a != "NoneType")
+        backends = {layer.attn_backend.get_name() for layer in layers if hasattr(layer, "attn_backend")}
+        report["facts"]["attention_backend"] = ",".join(sorted(backends))
         return report
 
 
