@@ -75,19 +75,23 @@ def _chunks(qlens: list[int], ctx_blocks: list[int], bytes_per_block: int) -> li
     return chunks
 
 
-def _attend_blocks(q, k_blocks, v_blocks, mask, scale, sink_rows, nbk):
+def _attend_blocks(q, key_cache, value_cache, blocks, mask, scale, sink_rows):
     """Attention with one batched matmul per (request, block, kv head): no gathered sequence is ever re-laid out.
 
-    q `[n, hkv, rows, d]`; k_blocks/v_blocks `[n * nbk, hkv, bs, d(v)]`; mask `[n, 1, rows, nbk * bs]`; float32
-    softmax, with per-row sink logits `[1, hkv, rows, 1]` joining the denominator when given.
+    q `[n, hkv, rows, d]`; blocks `[n, nbk]`; mask `[n, 1, rows, nbk * bs]` or None (everything visible); float32
+    softmax, with per-row sink logits `[1, hkv, rows, 1]` joining the denominator when given. V is gathered only
+    after the scores, so each gathered chunk is read back while it is still in the CPU caches.
     """
     n, hkv, rows, d = q.shape
-    bs = k_blocks.shape[2]
+    nbk = blocks.shape[1]
+    bs = key_cache.shape[1]
     entries = n * nbk * hkv
+    k_blocks = _gather_blocks("k", key_cache, blocks)  # [n * nbk, hkv, bs, d]
     q_rep = (q * scale).unsqueeze(1).expand(n, nbk, hkv, rows, d).reshape(entries, rows, d)
     s = torch.bmm(k_blocks.view(entries, bs, d), q_rep.transpose(1, 2))  # [entries, bs, rows]
     s = s.view(n, nbk, hkv, bs, rows).permute(0, 2, 4, 1, 3).float().reshape(n, hkv, rows, nbk * bs)
-    s.masked_fill_(~mask, float("-inf"))
+    if mask is not None:
+        s.masked_fill_(~mask, float("-inf"))
     if sink_rows is None:
         p = torch.softmax(s, dim=-1)
     else:
@@ -95,6 +99,7 @@ def _attend_blocks(q, k_blocks, v_blocks, mask, scale, sink_rows, nbk):
         e = torch.exp(s - top)
         p = e / (e.sum(dim=-1, keepdim=True) + torch.exp(sink_rows - top))
     p = p.to(q.dtype).view(n, hkv, rows, nbk, bs).permute(0, 3, 1, 2, 4).reshape(entries, rows, bs)
+    v_blocks = _gather_blocks("v", value_cache, blocks)
     o = torch.bmm(p, v_blocks.view(entries, bs, v_blocks.shape[3]))
     return o.view(n, nbk, hkv, rows, -1).float().sum(dim=1)  # [n, hkv, rows, dv]
 
@@ -155,14 +160,19 @@ def paged_attention(
         rows = (first[:, None] + torch.arange(m, device=device)).reshape(-1)  # token index of each (req, i)
         # [n*m, hq, d] -> [n, hkv, m*g, d]: the g query heads of a KV head become rows of one matrix.
         q = query.index_select(0, rows).view(n, m, hkv, g, d).permute(0, 2, 1, 3, 4).reshape(n, hkv, m * g, d)
-        mask = _mask(seq_lens.index_select(0, sel).long(), m, g, nbk * bs, causal, sliding_window)
+        length = nbk * bs
+        everything_visible = m == 1 and all(lens[i] == length for i in idx)
+        everything_visible = everything_visible and (sliding_window is None or sliding_window >= length)
+        mask = (
+            None
+            if everything_visible
+            else _mask(seq_lens.index_select(0, sel).long(), m, g, length, causal, sliding_window)
+        )
         if sinks is not None or dv != d or m * g <= SMALL_ROWS:
             sink_rows = None
             if sinks is not None:
                 sink_rows = sinks.float().view(1, hkv, 1, g, 1).expand(1, hkv, m, g, 1).reshape(1, hkv, m * g, 1)
-            k = _gather_blocks("k", key_cache, blocks)
-            v = _gather_blocks("v", value_cache, blocks)
-            o = _attend_blocks(q, k, v, mask, scale, sink_rows, nbk)
+            o = _attend_blocks(q, key_cache, value_cache, blocks, mask, scale, sink_rows)
         else:  # long prefills: torch's fused attention tiles the [rows, keys] problem
             k = _gather_sequence("k", key_cache, blocks).transpose(1, 2)  # [n, hkv, L, d]
             v = _gather_sequence("v", value_cache, blocks).transpose(1, 2)
