@@ -15,7 +15,10 @@ Prints ONE JSON object as the last line of stdout (logs on stderr):
    "paged_decode_ratio": <worst of float32/bfloat16>, "paged_decode_ratio_by_dtype": {...},
    "validation_overhead": <fraction>, "validation": {...}, "goals": {...}, "threads": N}
 
-Usage: uv run python benchmarks/kernels.py [--repeats 20]
+Usage: uv run python benchmarks/kernels.py [--repeats 20] [--threads N]
+
+On a loaded machine with 2 threads each parallel torch op may wait a scheduler slice at its OpenMP barrier, which
+hits the many-op reference far harder than vLLM's single-region kernels; `--threads 1` measures the work itself.
 """
 
 from __future__ import annotations
@@ -228,9 +231,10 @@ def _layers_for(dtype: torch.dtype, repeats: int) -> list[dict]:
 
 def bench_mla(repeats: int) -> list[dict]:
     rank, rope_dim, heads, ctx, b = 512, 64, 16, 1024, 8
-    nb = b * ctx // BS + 2
-    cache = torch.randn(nb, BS, rank + rope_dim)
-    table = torch.randperm(nb)[: b * ctx // BS].view(b, -1).int()
+    bs = 16  # the only block size vLLM's CPU MLA kernel takes
+    nb = b * ctx // bs + 2
+    cache = torch.randn(nb, bs, rank + rope_dim)
+    table = torch.randperm(nb)[: b * ctx // bs].view(b, -1).int()
     seq = torch.full((b,), ctx, dtype=torch.int32)
     q = torch.randn(b, heads, rank + rope_dim)
     latent, rope = cache[..., :rank].unsqueeze(2), cache[..., rank:].unsqueeze(2)
@@ -392,7 +396,12 @@ def validation_overhead(repeats: int) -> dict:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument(
+        "--threads", type=int, default=0, help="torch/OpenMP threads for both sides (0: torch's default)"
+    )
     args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     ascend_kernels.set_backend("reference")
     torch.manual_seed(0)
     log(f"torch {torch.__version__}, {torch.get_num_threads()} threads, backend {ascend_kernels.get_backend()}")
