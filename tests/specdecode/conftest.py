@@ -53,6 +53,7 @@ def draft_models(specdecode_cache) -> dict[str, str]:
     target = dc.eagle_compatible_target(base, sliding_window=WINDOW)
     return {
         "target": str(target),
+        "draft_model-self": str(target),
         "eagle-self": str(dc.eagle_draft(target, specdecode_cache / f"{target.name}-eagle-self", self_draft=True)),
         "eagle-random": str(dc.eagle_draft(target, specdecode_cache / f"{target.name}-eagle-rand", self_draft=False)),
         "draft_model-random": str(dc.random_llama_draft(target, specdecode_cache / f"{target.name}-llama-rand")),
@@ -85,7 +86,7 @@ def run_case(draft_models, engine_env):
                 engine_kwargs["worker_cls"] = "ascend_specdecode.cpu_worker.SpecDecodeCPUWorker"
             spec = None
             if method is not None:
-                model = draft_models["target"] if draft == "self" else draft_models[f"{method}-{draft}"]
+                model = draft_models[f"{method}-{draft}"]
                 spec = {"method": method, "model": model, "num_speculative_tokens": K}
             job = {
                 "model": draft_models["target"],

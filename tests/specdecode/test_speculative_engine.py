@@ -20,14 +20,7 @@ RANDOM_DRAFT_METHODS = ["draft_model", "eagle", "dflash"]
 
 
 def report_of(result: dict) -> AcceptanceReport:
-    a = result["acceptance"]
-    n = a["num_drafts"]
-    return AcceptanceReport(
-        num_drafts=n,
-        num_draft_tokens=a["num_draft_tokens"],
-        num_accepted_tokens=a["num_accepted_tokens"],
-        accepted_per_position=tuple(round(r * n) for r in a["acceptance_per_position"]),
-    )
+    return AcceptanceReport.from_dict(result["acceptance"])
 
 
 @pytest.fixture(scope="module")

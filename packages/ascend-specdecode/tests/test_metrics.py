@@ -66,3 +66,10 @@ def test_floor_logger_warns_on_collapse():
     assert logger.alerts == 0
     logger.record(type("S", (), {"spec_decoding_stats": bad})(), None)
     assert logger.alerts == 1
+
+
+def test_report_round_trips_through_json_dict():
+    report = acceptance_from_metrics(metrics(10, 30, 24, [10, 8, 6]))
+    from ascend_specdecode.metrics import AcceptanceReport
+
+    assert AcceptanceReport.from_dict(report.as_dict()) == report

@@ -95,7 +95,9 @@ def run_in_subprocess(job: Mapping[str, Any], env: Mapping[str, str] | None = No
     for line in reversed(proc.stdout.splitlines()):
         if line.startswith(RESULT_PREFIX):
             return json.loads(line[len(RESULT_PREFIX) :])
-    tail = "\n".join((proc.stdout + proc.stderr).splitlines()[-40:])
+    lines = (proc.stdout + proc.stderr).splitlines()
+    causes = [line for line in lines if "Error" in line][:15]  # the root cause sits in a worker's log, not the tail
+    tail = "\n".join([*causes, "...", *lines[-25:]])
     raise RuntimeError(f"engine run failed (exit {proc.returncode}) for {job.get('speculative_config')}:\n{tail}")
 
 

@@ -87,11 +87,22 @@ class AcceptanceReport:
     def plus(self, other: AcceptanceReport) -> AcceptanceReport:
         return self._combine(other, 1)
 
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> AcceptanceReport:
+        """Inverse of `as_dict` (counts only; rates are derived)."""
+        return cls(
+            num_drafts=d["num_drafts"],
+            num_draft_tokens=d["num_draft_tokens"],
+            num_accepted_tokens=d["num_accepted_tokens"],
+            accepted_per_position=tuple(d["accepted_per_position"]),
+        )
+
     def as_dict(self) -> dict[str, Any]:
         return {
             "num_drafts": self.num_drafts,
             "num_draft_tokens": self.num_draft_tokens,
             "num_accepted_tokens": self.num_accepted_tokens,
+            "accepted_per_position": list(self.accepted_per_position),
             "acceptance_per_position": [round(r, 4) for r in self.acceptance_per_position],
             "mean_accepted_length": round(self.mean_accepted_length, 4),
         }
