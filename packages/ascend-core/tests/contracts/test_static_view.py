@@ -78,6 +78,8 @@ RUNTIME_BOUND = {
     "vllm/__init__.py": "",
     "vllm/platforms/__init__.py": """
         from typing import TYPE_CHECKING
+
+        import msgspec
         from vllm.platforms.interface import Platform
         from dataclasses import KW_ONLY, dataclass, field
 
@@ -97,6 +99,10 @@ RUNTIME_BOUND = {
 
         ModelRegistry = _Registry()
         ENV = "VLLM_DEVICE"
+
+        class Params(msgspec.Struct, kw_only=True):
+            n: int = 1
+            extra_args: dict | None = None
 
         @dataclass
         class Options:
@@ -137,5 +143,6 @@ def test_runtime_bound_names_instances_and_keyword_only_fields(tmp_path: Path) -
     # a class attribute naming a module constant reads as the constant's value
     assert view.resolve("vllm.platforms.interface.Platform.env_var").value == "'VLLM_DEVICE'"
     assert view.resolve("vllm.platforms.Options").signature == ("a", "*", "b=0", "c='x'")
+    assert view.resolve("vllm.platforms.Params").signature == ("*", "n=1", "extra_args=None")  # msgspec.Struct
     # attributes an instance gets in __init__ count as members
     assert {"device", "stream", "count", "set_device"} <= view.resolve("vllm.platforms.interface.Platform").members

@@ -18,7 +18,7 @@ from typing import Any
 
 from ascend_core.contracts.shapes import Missing, Param, Shape, normalize_literal
 from ascend_core.contracts.source_reader import DirectorySource
-from ascend_core.contracts.static_view import StaticView, instance_attributes
+from ascend_core.contracts.static_view import FIELD_BASED_BASES, StaticView, instance_attributes
 from ascend_core.upstream.version import installed_vllm_version
 
 _LITERAL_TYPES = (str, int, float, bool, type(None), tuple)
@@ -40,9 +40,12 @@ def _params(obj: Any) -> tuple[Param, ...] | None:
 def _class_params(cls: type) -> tuple[Param, ...] | None:
     """The constructor parameters vLLM itself defines (an `__init__` of a vLLM class in the MRO, dataclass ones
     included); like the static view, a constructor inherited from outside vLLM (Enum, object, torch) is unknown."""
-    for klass in inspect.getmro(cls):
+    mro = inspect.getmro(cls)
+    for klass in mro:
         if klass.__module__.split(".")[0] == "vllm" and "__init__" in vars(klass):
             return _params(vars(klass)["__init__"])
+    if any(klass.__name__ in FIELD_BASED_BASES for klass in mro[1:]):  # msgspec.Struct, pydantic, NamedTuple
+        return _params(cls)
     return None
 
 

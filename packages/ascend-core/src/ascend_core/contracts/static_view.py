@@ -147,6 +147,14 @@ def _dataclass_options(cls: ast.ClassDef) -> dict[str, bool] | None:
     return None
 
 
+# Bases whose subclasses take their annotated fields as constructor parameters, like a dataclass.
+FIELD_BASED_BASES = frozenset({"Struct", "BaseModel", "NamedTuple"})
+
+
+def _field_based_base(cls: ast.ClassDef) -> bool:
+    return any((_dotted(base) or [""])[-1] in FIELD_BASED_BASES for base in cls.bases)
+
+
 def _field_default(value: ast.expr | None) -> tuple[bool, str | None, bool | None]:
     """`(in __init__, default, kw_only or None when not said)` of a dataclass field's right-hand side."""
     if isinstance(value, ast.Call) and (_dotted(value.func) or [""])[-1] == "field":
@@ -298,6 +306,9 @@ class StaticView:
 
     def _dataclass_params(self, cls: _Target, depth: int = 0) -> tuple[Param, ...] | None:
         options = _dataclass_options(cls.node)
+        if options is None and _field_based_base(cls.node):  # msgspec.Struct, pydantic BaseModel, NamedTuple
+            options = {kw.arg: bool(kw.value.value) for kw in cls.node.keywords
+                       if kw.arg == "kw_only" and isinstance(kw.value, ast.Constant)}
         inherited: list[Param] = []
         for base in self._bases(cls, depth):
             base_params = self._dataclass_params(base, depth + 1) if depth < _MAX_DEPTH else None
