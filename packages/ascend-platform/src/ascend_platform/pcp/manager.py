@@ -97,6 +97,8 @@ class AscendPCPManager(PCPManager):
             widths = [t.shape[1] for t in block_tables.input_block_tables]
         else:
             widths = list(max_num_blocks_per_group or ())
+        # Set here too: an earlier lane's constructor may not keep them.
+        self.pcp_world_size, self.pcp_rank = pcp_world_size, pcp_rank
         self.max_num_reqs = max_num_reqs
         self.shard_decode_requests = shard_decode_requests
         # A prefill puts up to two rows (head and tail chunk) into a rank's local batch.
