@@ -45,6 +45,8 @@ class P2PConnectorMetadata(KVConnectorMetadata):
 
 class AscendMooncakeConnector(KVConnectorBase_V1, SupportsHMA):
     _cache_hit_source = CacheHitSource.P2P
+    scheduler_cls: type[P2PScheduler] = P2PScheduler
+    worker_cls: type[P2PWorker] = P2PWorker
 
     def __init__(self, vllm_config: VllmConfig, role: KVConnectorRole, kv_cache_config: KVCacheConfig):
         super().__init__(vllm_config, role, kv_cache_config)
@@ -56,11 +58,11 @@ class AscendMooncakeConnector(KVConnectorBase_V1, SupportsHMA):
         self._scheduler: P2PScheduler | None = None
         self._worker: P2PWorker | None = None
         if role == KVConnectorRole.SCHEDULER:
-            self._scheduler = P2PScheduler(engine_id=transfer.engine_id, role=role_name, options=options,
+            self._scheduler = self.scheduler_cls(engine_id=transfer.engine_id, role=role_name, options=options,
                                            ranks=engine_ranks(vllm_config),
                                            block_size=vllm_config.cache_config.block_size)
         else:
-            self._worker = P2PWorker(engine_id=transfer.engine_id, role=role_name, options=options,
+            self._worker = self.worker_cls(engine_id=transfer.engine_id, role=role_name, options=options,
                                      ranks=worker_ranks(vllm_config),
                                      geometry=kv_geometry(vllm_config, kv_cache_config),
                                      num_blocks=kv_cache_config.num_blocks, layer_groups=layer_groups(kv_cache_config))

@@ -12,6 +12,8 @@ logger = logging.getLogger(__name__)
 # name as vLLM sees it -> (module, class); the modules are imported only when vLLM creates the connector.
 CONNECTORS: dict[str, tuple[str, str]] = {
     "AscendMooncakeConnector": ("ascend_kv_transfer.mooncake_connector", "AscendMooncakeConnector"),
+    "AscendMooncakeLayerwiseConnector": ("ascend_kv_transfer.mooncake_layerwise_connector",
+                                         "AscendMooncakeLayerwiseConnector"),
     "AscendOffloadingConnector": ("ascend_kv_transfer.offloading_connector", "AscendOffloadingConnector"),
 }
 

@@ -95,6 +95,12 @@ class EngineProcess:
     def generate(self, requests: list[dict[str, Any]], timeout: float = 120.0) -> list[dict[str, Any]]:
         return self.call("generate", wait=timeout + 10, requests=requests, timeout=timeout)
 
+    def submit(self, requests: list[dict[str, Any]]) -> list[str]:
+        return self.call("submit", requests=requests)
+
+    def collect(self, ids: list[str], timeout: float = 120.0) -> list[dict[str, Any]]:
+        return self.call("collect", wait=timeout + 10, ids=ids, timeout=timeout)
+
     def kill(self) -> None:
         """Kill the host hard (fault injection)."""
         if self.proc.poll() is None:

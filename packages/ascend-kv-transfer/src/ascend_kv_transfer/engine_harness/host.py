@@ -43,6 +43,8 @@ class EngineHost:
         self.engine = LLMEngine.from_engine_args(args)
         self.core = self.engine.engine_core.engine_core
         self.transfer_times: dict[str, float] = {}
+        self.pending: dict[str, dict[str, Any]] = {}
+        self.done: dict[str, dict[str, Any]] = {}
         self._probe_transfer_results()
 
     def _worker_connector(self):
@@ -67,36 +69,43 @@ class EngineHost:
         connector.get_transfer_results = probed
 
     # ---- commands -----------------------------------------------------------------------------------------------
-    def generate(self, requests: list[dict[str, Any]], timeout: float = 120.0) -> list[dict[str, Any]]:
+    def submit(self, requests: list[dict[str, Any]]) -> list[str]:
+        """Add requests without waiting (the host keeps stepping); `collect` their outputs later."""
         from vllm import SamplingParams
 
-        pending: dict[str, dict[str, Any]] = {}
         for r in requests:
             params = SamplingParams(temperature=0.0, max_tokens=r.get("max_tokens", 8), ignore_eos=True,
                                     extra_args={"kv_transfer_params": r["kv_transfer_params"]}
                                     if r.get("kv_transfer_params") else None)
-            start = time.time()
+            self.pending[r["id"]] = {"id": r["id"], "t_add": time.time()}
             self.engine.add_request(r["id"], {"prompt_token_ids": r["prompt_token_ids"]}, params)
-            pending[r["id"]] = {"id": r["id"], "t_add": start}
-        done: dict[str, dict[str, Any]] = {}
+        return [r["id"] for r in requests]
+
+    def collect(self, ids: list[str], timeout: float = 120.0) -> list[dict[str, Any]]:
         deadline = time.monotonic() + timeout
-        while pending:
+        while any(i not in self.done for i in ids):
             if time.monotonic() > deadline:
-                raise TimeoutError(f"requests {sorted(pending)} not finished within {timeout} s")
-            for out in self.engine.step():
-                rec = pending.get(out.request_id)
-                if rec is None:
-                    continue
-                rec.setdefault("t_first", time.time())
-                if out.finished:
-                    rec.update(t_end=time.time(), token_ids=list(out.outputs[0].token_ids),
-                               kv_transfer_params=out.kv_transfer_params, num_cached_tokens=out.num_cached_tokens,
-                               finish_reason=out.outputs[0].finish_reason)
-                    done[out.request_id] = pending.pop(out.request_id)
-        for rec in done.values():
-            landed = self._landed_at(rec["id"])
-            rec["t_landed"] = landed
-        return [done[r["id"]] for r in requests]
+                raise TimeoutError(f"requests {[i for i in ids if i not in self.done]} not finished within {timeout} s")
+            self.step_once()
+        out = [self.done.pop(i) for i in ids]
+        for rec in out:
+            rec["t_landed"] = self._landed_at(rec["id"])
+        return out
+
+    def generate(self, requests: list[dict[str, Any]], timeout: float = 120.0) -> list[dict[str, Any]]:
+        return self.collect(self.submit(requests), timeout)
+
+    def step_once(self) -> None:
+        for out in self.engine.step():
+            rec = self.pending.get(out.request_id)
+            if rec is None:
+                continue
+            rec.setdefault("t_first", time.time())
+            if out.finished:
+                rec.update(t_end=time.time(), token_ids=list(out.outputs[0].token_ids),
+                           kv_transfer_params=out.kv_transfer_params, num_cached_tokens=out.num_cached_tokens,
+                           finish_reason=out.outputs[0].finish_reason)
+                self.done[out.request_id] = self.pending.pop(out.request_id)
 
     def _landed_at(self, request_id: str) -> float | None:
         for key, t in self.transfer_times.items():
@@ -119,7 +128,7 @@ class EngineHost:
 
     def step_idle(self) -> None:
         if self.core.scheduler.has_requests():
-            self.engine.step()
+            self.step_once()
 
     def reset_prefix_cache(self) -> bool:
         return bool(self.engine.reset_prefix_cache())

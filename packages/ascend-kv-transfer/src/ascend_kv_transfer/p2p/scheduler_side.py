@@ -25,6 +25,8 @@ class RecvJob:
     remote_engine_id: str
     # Per KV cache group; empty lists mean "nothing to pull, just release the prefill's blocks".
     local_block_ids: list[list[int]]
+    # Leading blocks the decode side already had (local prefix hits); local_block_ids follow them.
+    first_block: int = 0
 
 
 @dataclass
@@ -87,8 +89,9 @@ class P2PScheduler:
             else:
                 local = ([list(ids) for ids in blocks.get_unhashed_block_ids_all_groups()]
                          if num_external_tokens > 0 else [])
+                first = len(blocks.get_block_ids()[0]) - len(local[0]) if local else 0
                 self._step.recv[request.request_id] = RecvJob(str(params["transfer_id"]), address,
-                                                             str(params.get("remote_engine_id", "")), local)
+                                                             str(params.get("remote_engine_id", "")), local, first)
                 self.loaded_tokens[request.request_id] = num_external_tokens
             params["do_remote_prefill"] = False  # one transfer per request, even if it is rescheduled
 

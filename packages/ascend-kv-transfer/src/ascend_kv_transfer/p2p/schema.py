@@ -94,11 +94,39 @@ class Ack(Message, tag="ack"):
     pass
 
 
+class PushRequest(Message, tag="push_request"):
+    """Layerwise: the decode side asks the prefill side to write the transfer's layers into its blocks."""
+
+    transfer_id: str = ""
+    metadata: AgentMetadata | None = None
+    block_ids: list[list[int]] = msgspec.field(default_factory=list)
+    # The decode side already holds this many leading blocks (local prefix hits): block_ids[g][i] receives the
+    # prefill's block at position first_block + i.
+    first_block: int = 0
+
+
+class TransferState(enum.IntEnum):
+    PENDING = 0
+    DONE = 1
+    FAILED = 2
+    UNKNOWN = 3
+
+
+class StatusRequest(Message, tag="status_request"):
+    transfer_id: str = ""
+
+
+class StatusResponse(Message, tag="status_response"):
+    state: TransferState = TransferState.UNKNOWN
+    error: str = ""
+
+
 class ErrorResponse(Message, tag="error"):
     error: str = ""
 
 
-AnyMessage = MetadataRequest | MetadataResponse | ClaimRequest | ClaimResponse | DoneNotice | Ack | ErrorResponse
+AnyMessage = (MetadataRequest | MetadataResponse | ClaimRequest | ClaimResponse | DoneNotice | Ack | ErrorResponse
+              | PushRequest | StatusRequest | StatusResponse)
 
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(AnyMessage)

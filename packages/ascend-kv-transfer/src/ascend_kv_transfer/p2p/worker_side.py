@@ -23,6 +23,8 @@ logger = logging.getLogger(__name__)
 
 
 class P2PWorker:
+    agent_cls: type[MooncakeAgent] = MooncakeAgent
+
     def __init__(self, *, engine_id: str, role: str, options: MooncakeOptions, ranks: Ranks, geometry: KVGeometry,
                  num_blocks: int, layer_groups: dict[str, int]):
         self.is_producer = role in ("kv_producer", "kv_both")
@@ -32,7 +34,7 @@ class P2PWorker:
         self.num_blocks = num_blocks
         self.layer_groups = layer_groups
         self.num_groups = max(layer_groups.values(), default=0) + 1
-        self.agent = MooncakeAgent(engine_id=engine_id, geometry=geometry, options=options, tp_rank=ranks.tp_rank,
+        self.agent = self.agent_cls(engine_id=engine_id, geometry=geometry, options=options, tp_rank=ranks.tp_rank,
                                    pp_rank=ranks.pp_rank, pcp_rank=ranks.pcp_rank)
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ascend-kv-pull") if self.is_consumer \
             else None
