@@ -11,6 +11,8 @@ scaled_dot_product_attention over the gathered sequence.
 
 from __future__ import annotations
 
+import threading
+
 import torch
 import torch.nn.functional as F
 
@@ -23,11 +25,14 @@ _WORKSPACE: dict[tuple, torch.Tensor] = {}
 
 
 def _workspace(tag: str, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """A contiguous scratch tensor of `shape`, reused across calls (large fresh allocations page-fault each time)."""
+    """A contiguous scratch tensor of `shape`, reused across calls (large fresh allocations page-fault each time).
+
+    Keyed by thread as well, so concurrent callers never share a buffer.
+    """
     numel = 1
     for s in shape:
         numel *= s
-    key = (tag, dtype, device)
+    key = (tag, dtype, device, threading.get_ident())
     buf = _WORKSPACE.get(key)
     if buf is None or buf.numel() < numel:
         buf = torch.empty(numel, dtype=dtype, device=device)
