@@ -79,3 +79,11 @@ def test_sampled_distribution_matches_the_filtered_softmax(temperature, top_k, t
             break
     final = torch.where(keep, filtered, 0.0)
     assert chi_square_p_value(tokens, final / final.sum()) > ALPHA
+
+
+def test_top_k_keeps_ties_at_the_kth_logit():
+    logits = torch.tensor([[1.0, 2.0, 2.0, 0.0]]).repeat(500, 1)
+    tokens = ops.sample(
+        logits, 1.0, top_k=torch.ones(500, dtype=torch.long), generator=torch.Generator().manual_seed(4)
+    )
+    assert set(tokens.tolist()) == {1, 2}

@@ -210,10 +210,12 @@ def rejection_sample(
     - draft_probs float `[num_reqs, K, vocab]`: the distribution each draft token was sampled from, or None for a
       deterministic drafter (probability 1 on the drafted token).
     - target_logits float `[num_reqs, K, vocab]`: the target model's logits at each draft position (row k scores the
-      token that follows drafts 0..k-1). With `target_is_probs=True` these are final probabilities instead and
-      temperature/top_k/top_p are not applied to them (temperature then only selects greedy rows).
+      token that follows drafts 0..k-1); rows past a request's drafts are ignored. With `target_is_probs=True` these
+      are final probabilities instead and temperature/top_k/top_p are not applied to them (temperature then only
+      selects greedy rows).
     - bonus_token_ids int `[num_reqs]` or `[num_reqs, 1]`: the token the caller sampled from the target at the
-      position after the last draft; used only when every draft of the request is accepted.
+      position after the request's last draft (the argmax there for greedy rows); used only when every draft of the
+      request is accepted.
     - temperature float `[num_reqs]` or None (None = every row greedy), top_k / top_p as in `sample`: the target
       distribution p at each position is softmax(logits / T) filtered by top-k then top-p, exactly as `sample`.
 

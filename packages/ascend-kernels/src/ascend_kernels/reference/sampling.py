@@ -22,6 +22,11 @@ def apply_top_k_top_p(logits: torch.Tensor, top_k, top_p) -> torch.Tensor:
     if top_k is None and top_p is None:
         return logits
     vocab = logits.shape[-1]
+    if top_p is None:  # a k-th-largest threshold needs no full sort
+        k = top_k.long()
+        k = torch.where((k <= 0) | (k >= vocab), torch.full_like(k, vocab), k)
+        kth = logits.topk(int(k.max()), dim=-1).values.gather(-1, (k - 1)[:, None])
+        return logits.masked_fill(logits < kth, float("-inf"))
     ordered, order = logits.sort(dim=-1)  # ascending: the most likely last
     if top_k is not None:
         k = top_k.long()
