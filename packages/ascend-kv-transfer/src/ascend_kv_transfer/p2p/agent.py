@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ascend_kv_transfer.kv_regions import KVRegions
@@ -183,7 +184,8 @@ class MooncakeAgent:
             self._peers[address] = meta
         return meta
 
-    def pull(self, address: tuple[str, int], transfer_id: str, local_block_ids: list[list[int]]) -> PullResult:
+    def pull(self, address: tuple[str, int], transfer_id: str, local_block_ids: list[list[int]],
+             on_landed: Callable[[PullResult], None] | None = None) -> PullResult:
         """Fetch the transfer's blocks into `local_block_ids` (per group; the tail of the peer's blocks)."""
         start = time.perf_counter()
         result = PullResult(transfer_id, ok=False)
@@ -199,13 +201,18 @@ class MooncakeAgent:
             result.entries = len(entries)
             result.nbytes = entries.nbytes
             result.blocks = sum(len(ids) for ids in local_block_ids)
-            self._side_channel().request(address, schema.DoneNotice(transfer_id=transfer_id, ok=True))
             result.ok = True
+            if on_landed is not None:  # the KV is in place: let the engine go on before the DONE round trip
+                on_landed(result)
+            self._side_channel().request(address, schema.DoneNotice(transfer_id=transfer_id, ok=True))
         except Exception as e:
-            result.error = f"{type(e).__name__}: {e}"
-            self._peers.pop(address, None)
-            if claimed or not isinstance(e, TimeoutError):
-                self.release(address, transfer_id)
+            if result.ok:  # only the DONE notice failed: the blocks landed; the prefill side frees them on timeout
+                logger.warning("DONE for transfer %s not delivered: %s", transfer_id, e)
+            else:
+                result.error = f"{type(e).__name__}: {e}"
+                self._peers.pop(address, None)
+                if claimed or not isinstance(e, TimeoutError):
+                    self.release(address, transfer_id)
         result.seconds = time.perf_counter() - start
         self._record(result)
         return result

@@ -69,8 +69,15 @@ class P2PWorker:
         if not any(job.local_block_ids):
             self.agent.release(address, job.transfer_id)
             return
-        result = self.agent.pull(address, job.transfer_id, job.local_block_ids)
-        self._results.put((req_id, job, result))
+        landed: list[PullResult] = []
+
+        def report(result: PullResult) -> None:
+            landed.append(result)
+            self._results.put((req_id, job, result))
+
+        result = self.agent.pull(address, job.transfer_id, job.local_block_ids, on_landed=report)
+        if not landed:
+            self._results.put((req_id, job, result))
 
     def get_finished(self) -> tuple[set[str], set[str]]:
         recving: set[str] = set()
