@@ -21,7 +21,9 @@ def engine(start_engine, model_dir):
               "kv_transfer_config": {"kv_connector": "AscendOffloadingConnector", "kv_role": "kv_both",
                                      "kv_connector_module_path": "ascend_kv_transfer.offloading_connector",
                                      "kv_connector_extra_config": {"host_bytes": 2 << 20}}}
-    return start_engine("offload", config, 0)
+    engine = start_engine("offload", config, 0)
+    yield engine
+    engine.close()
 
 
 def _tier_stats(engine, timeout=10.0):

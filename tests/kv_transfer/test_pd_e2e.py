@@ -42,7 +42,9 @@ def engines(start_engine, model_dir, netns):
                            netns=netns, wait=False)
     decode = start_engine("decode", common | {"kv_transfer_config": _kv_config("kv_consumer", DECODE_PORT)}, 1,
                           netns=netns, wait=False)
-    return prefill.wait_ready(), decode.wait_ready()
+    yield prefill.wait_ready(), decode.wait_ready()
+    prefill.close()
+    decode.close()
 
 
 @pytest.fixture(scope="module")

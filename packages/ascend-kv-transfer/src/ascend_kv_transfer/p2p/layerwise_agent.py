@@ -73,6 +73,11 @@ class LayerwiseAgent(MooncakeAgent):
                 self._pushes.pop(message.transfer_id, None)
         return super()._handle(message)
 
+    def known_destinations(self) -> list[str]:
+        """Transfers whose decode side has registered its blocks and that are not pushed completely yet."""
+        with self._lock:
+            return [t for t, st in self._pushes.items() if st.dest is not None and st.state == TransferState.PENDING]
+
     def push_layer(self, transfer_id: str, layer: str, src_blocks: list[list[int]], lo: int, hi: int) -> None:
         """Write block positions `lo..hi` of `layer` (just computed) to the decode side, if it is known yet."""
         st = self._push_state(transfer_id)

@@ -103,4 +103,5 @@ class LayerwiseWorker(P2PWorker):
 
     def stats(self) -> dict[str, Any]:
         assert isinstance(self.agent, LayerwiseAgent)
-        return super().stats() | {"layer_pushes": self.agent.layer_pushes, "bulk_pushes": self.agent.bulk_pushes}
+        return super().stats() | {"layer_pushes": self.agent.layer_pushes, "bulk_pushes": self.agent.bulk_pushes,
+                                  "push_destinations": self.agent.known_destinations()}

@@ -1,0 +1,82 @@
+"""Two real Mooncake agents (producer and consumer) in one process, no vLLM: prints one JSON line of findings.
+
+Usage: `agent_loopback.py pull|broken`; run inside a loopback-only network namespace.
+"""
+
+import json
+import sys
+import time
+
+import torch
+
+from ascend_kv_transfer.kv_regions import describe_kv_caches
+from ascend_kv_transfer.options import MooncakeOptions
+from ascend_kv_transfer.p2p.agent import MooncakeAgent
+from ascend_kv_transfer.p2p.schema import KVGeometry
+
+GEO = KVGeometry(block_size=16, dtype="uint8", num_kv_heads=1, head_size=4096, layout="LBHNC")
+LAYERS, BLOCKS, PAGE = 4, 64, 4096
+
+
+def caches(seed):
+    g = torch.Generator().manual_seed(seed)
+    raw = torch.randint(0, 255, (LAYERS * BLOCKS * PAGE,), dtype=torch.uint8, generator=g)
+    return raw, {f"layer{i}": raw[i * BLOCKS * PAGE:(i + 1) * BLOCKS * PAGE].view(BLOCKS, PAGE) for i in range(LAYERS)}
+
+
+def agent(name, port, seed, **opts):
+    raw, layers = caches(seed)
+    a = MooncakeAgent(engine_id=name, geometry=GEO, options=MooncakeOptions(side_channel_port=port, **opts))
+    a.register(describe_kv_caches(layers))
+    return a, layers
+
+
+def pull_mode():
+    out = {}
+    prod, p_layers = agent("producer", 32100, 1, abort_timeout_s=0.5)
+    prod.serve(32100)
+    cons, c_layers = agent("consumer", 32200, 2, max_batch_entries=3, claim_wait_s=0.5)
+    remote = list(range(10, 20)) + list(range(30, 35))
+    local = list(range(0, 10)) + list(range(40, 45))
+    prod.hold("t1", "req1", [remote])
+    res = cons.pull(("127.0.0.1", 32100), "t1", [local])
+    out["ok"], out["entries"], out["calls"], out["nbytes"] = res.ok, res.entries, res.calls, res.nbytes
+    out["bytes_equal"] = all(torch.equal(c_layers[n][local], p_layers[n][remote]) for n in c_layers)
+    out["untouched_equal"] = torch.equal(c_layers["layer0"][20:40], caches(2)[1]["layer0"][20:40])
+    time.sleep(0.05)
+    out["finished_after_done"] = sorted(prod.take_finished_sends())
+    again = cons.pull(("127.0.0.1", 32100), "t1", [local])
+    out["second_pull_error"] = again.error
+    prod.hold("t2", "req2", [remote])
+    time.sleep(0.7)
+    out["finished_after_timeout"] = sorted(prod.take_finished_sends())
+    late = cons.pull(("127.0.0.1", 32100), "t2", [local])
+    out["late_pull_error"] = late.error
+    print(json.dumps(out), flush=True)
+    cons.close()
+    prod.close()
+
+
+def broken_mode():
+    # Mooncake is told (env) to queue 4 transfers per peer; the consumer is told the limit is 1024 so its batch of
+    # 64 page-sized entries overflows the queue: the peer must be reported broken and not retried.
+    out = {}
+    prod, _ = agent("producer", 32300, 1)
+    prod.serve(32300)
+    cons, _ = agent("consumer", 32400, 2, max_batch_entries=64)
+    ids = list(range(0, 64, 2))
+    prod.hold("t1", "req1", [ids])
+    prod.hold("t2", "req2", [ids])
+    first = cons.pull(("127.0.0.1", 32300), "t1", [ids])
+    out["first_ok"], out["first_error"] = first.ok, first.error
+    start = time.monotonic()
+    second = cons.pull(("127.0.0.1", 32300), "t2", [ids])
+    out["second_ok"], out["second_error"], out["second_s"] = second.ok, second.error, time.monotonic() - start
+    out["released"] = sorted(prod.take_finished_sends())
+    print(json.dumps(out), flush=True)
+    cons.close()
+    prod.close()
+
+
+if __name__ == "__main__":
+    {"pull": pull_mode, "broken": broken_mode}[sys.argv[1]]()

@@ -1,0 +1,89 @@
+"""Layerwise disaggregated prefill (AscendMooncakeLayerwiseConnector) between two real vLLM engines.
+
+The decode request goes first and hands its blocks to the prefill worker; the prefill engine then writes each layer
+into them as it computes it. Output must match a single engine token for token, the prefill's blocks must come back,
+and a prefill that runs before the decode side asked still completes the hand-off (bulk push).
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+pytestmark = [pytest.mark.engine, pytest.mark.mooncake]
+
+BLOCK_SIZE = 128
+PREFILL_PORT = 31500
+DECODE_PORT = 31600
+MAX_TOKENS = 10
+
+
+def _kv(role: str, port: int) -> dict:
+    return {"kv_connector": "AscendMooncakeLayerwiseConnector", "kv_role": role, "engine_id": f"lw-{role}",
+            "kv_load_failure_policy": "recompute",
+            "kv_connector_extra_config": {"side_channel_port": port, "abort_timeout_s": 30.0}}
+
+
+@pytest.fixture(scope="module")
+def engines(start_engine, model_dir, netns):
+    common = {"model": model_dir, "block_size": BLOCK_SIZE, "max_model_len": 1024, "max_num_seqs": 4}
+    prefill = start_engine("lw-prefill", common | {"kv_transfer_config": _kv("kv_producer", PREFILL_PORT)}, 0,
+                           netns=netns, wait=False)
+    decode = start_engine("lw-decode", common | {"kv_transfer_config": _kv("kv_consumer", DECODE_PORT)}, 1,
+                          netns=netns, wait=False)
+    yield prefill.wait_ready(), decode.wait_ready()
+    prefill.close()
+    decode.close()
+
+
+def _wait(predicate, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
+    return True
+
+
+@pytest.mark.parametrize("n", [2 * BLOCK_SIZE + 7, 3 * BLOCK_SIZE])
+def test_prefill_pushes_layers_into_waiting_decode(engines, token_ids, n):
+    prefill, decode = engines
+    ids = token_ids(n, offset=3 * n)
+    expected = prefill.generate([{"id": f"base-{n}", "prompt_token_ids": ids, "max_tokens": MAX_TOKENS}])[0]
+    prefill.call("reset_prefix_cache")
+    free_before = prefill.call("free_blocks")
+    pushes_before = prefill.call("stats")["worker"]["layer_pushes"]
+
+    tid = f"lw-{n}"
+    decode.submit([{"id": f"d-{n}", "prompt_token_ids": ids, "max_tokens": MAX_TOKENS,
+                    "kv_transfer_params": {"do_remote_prefill": True, "remote_engine_id": "lw-kv_producer",
+                                           "remote_bootstrap_addr": f"127.0.0.1:{PREFILL_PORT}",
+                                           "transfer_id": tid}}])
+    # The decode worker registers its destination with the prefill worker before the prefill starts.
+    assert _wait(lambda: tid in prefill.call("stats")["worker"]["push_destinations"], 30)
+    first = prefill.generate([{"id": f"p-{n}", "prompt_token_ids": ids, "max_tokens": 1,
+                               "kv_transfer_params": {"do_remote_decode": True, "transfer_id": tid}}])[0]
+    out = decode.collect([f"d-{n}"], timeout=60)[0]
+
+    assert out["token_ids"] == expected["token_ids"]
+    assert first["token_ids"] == expected["token_ids"][:1]
+    stats = prefill.call("stats")["worker"]
+    assert stats["layer_pushes"] - pushes_before == 2  # both layers pushed from save_kv_layer during the prefill
+    pulled = [v for k, v in decode.call("stats")["worker"]["pulled"].items() if k.startswith(f"d-{n}")]
+    assert len(pulled) == 1 and pulled[0]["ok"] and pulled[0]["blocks"] == -(-n // BLOCK_SIZE)
+    assert _wait(lambda: prefill.call("free_blocks") == free_before, 10)
+
+
+def test_prefill_first_falls_back_to_one_bulk_push(engines, token_ids):
+    prefill, decode = engines
+    ids = token_ids(BLOCK_SIZE + 50, offset=77)
+    expected = prefill.generate([{"id": "base-bulk", "prompt_token_ids": ids, "max_tokens": MAX_TOKENS}])[0]
+    prefill.call("reset_prefix_cache")
+    bulk_before = prefill.call("stats")["worker"]["bulk_pushes"]
+    first = prefill.generate([{"id": "p-bulk", "prompt_token_ids": ids, "max_tokens": 1,
+                               "kv_transfer_params": {"do_remote_decode": True, "transfer_id": "lw-bulk"}}])[0]
+    out = decode.generate([{"id": "d-bulk", "prompt_token_ids": ids, "max_tokens": MAX_TOKENS,
+                            "kv_transfer_params": first["kv_transfer_params"]}], timeout=60)[0]
+    assert out["token_ids"] == expected["token_ids"]
+    assert prefill.call("stats")["worker"]["bulk_pushes"] == bulk_before + 1
