@@ -73,6 +73,13 @@ class LayerwiseAgent(MooncakeAgent):
                 self._pushes.pop(message.transfer_id, None)
         return super()._handle(message)
 
+    def take_finished_sends(self) -> set[str]:
+        done = super().take_finished_sends()
+        with self._lock:  # transfers that expired will never be asked about again
+            for transfer_id in [t for t in self._pushes if t in self._expired]:
+                del self._pushes[transfer_id]
+        return done
+
     def known_destinations(self) -> list[str]:
         """Transfers whose decode side has registered its blocks and that are not pushed completely yet."""
         with self._lock:
