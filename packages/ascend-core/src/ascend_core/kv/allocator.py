@@ -120,11 +120,9 @@ def allocate_kv_caches(
     device, host_device = torch.device(device), torch.device(host_device)
     align = KV_TRANSFER_ALIGNMENT if kv_transfer else None
 
-    members: dict[tuple, list[str]] = {}
+    members: dict[tuple, dict[str, None]] = {}  # backing -> its layers, in placement order
     for p in placements:
-        layers_there = members.setdefault(p.backing, [])
-        if p.layer not in layers_there:
-            layers_there.append(p.layer)
+        members.setdefault(p.backing, {})[p.layer] = None
     sizes = {p.backing: (p.backing_size, host_device if p.host else device) for p in placements}
     if mode == "private":
         backings = _carve_private(sizes, align)
