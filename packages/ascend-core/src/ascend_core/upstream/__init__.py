@@ -5,9 +5,17 @@ and small adapters for each known difference. Nothing outside it compares versio
 """
 
 from ascend_core.upstream.errors import SUPPORTED_RANGE, UpstreamContractError
+from ascend_core.upstream.kv_page import kv_spec_page_shape, kv_tensor_shares_config_backing
 from ascend_core.upstream.kv_tensor import kv_tensor_cls, kv_tensor_geometry, kv_tensor_layers, make_kv_tensor
 from ascend_core.upstream.lane import Capabilities, Lane, capabilities, detect_capabilities
 from ascend_core.upstream.mla import mla_ratio, mla_ratio_field, mla_ratio_kwargs
+from ascend_core.upstream.pcp import (
+    pcp_has_capture_buffers,
+    pcp_init_kwargs,
+    pcp_partition_arg,
+    pcp_partition_kwargs,
+    upstream_pcp_manager_cls,
+)
 from ascend_core.upstream.probes import ProbeResult, default_loader, run_probes
 from ascend_core.upstream.speculator import (
     DP_ARG_NAMES,
@@ -28,17 +36,24 @@ __all__ = [
     "default_loader",
     "detect_capabilities",
     "installed_vllm_version",
+    "kv_spec_page_shape",
     "kv_tensor_cls",
     "kv_tensor_geometry",
     "kv_tensor_layers",
+    "kv_tensor_shares_config_backing",
     "make_kv_tensor",
     "mla_ratio",
     "mla_ratio_field",
     "mla_ratio_kwargs",
+    "pcp_has_capture_buffers",
+    "pcp_init_kwargs",
+    "pcp_partition_arg",
+    "pcp_partition_kwargs",
     "pop_speculator_dp",
     "public_version",
     "run_probes",
     "speculator_dp_arg",
     "speculator_dp_kwargs",
+    "upstream_pcp_manager_cls",
     "vllm_version_is",
 ]
