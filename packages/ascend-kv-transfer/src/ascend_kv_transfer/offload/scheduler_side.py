@@ -68,6 +68,8 @@ class OffloadScheduler:
         self.stats.hit_tokens += count * self.block_size
         self.stats.hit_blocks += count
         self.stats.per_request_hits[request.request_id] = count * self.block_size
+        while len(self.stats.per_request_hits) > 256:  # recent requests only
+            self.stats.per_request_hits.pop(next(iter(self.stats.per_request_hits)))
 
     def request_finished(self, request: Any, block_ids: tuple[list[int], ...]) -> tuple[bool, dict | None]:
         if getattr(request.status, "name", "") == "FINISHED_ABORTED" or not block_ids or not block_ids[0]:

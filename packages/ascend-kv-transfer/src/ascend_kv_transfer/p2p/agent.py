@@ -271,4 +271,5 @@ class MooncakeAgent:
             else:
                 self.stats.pulls_failed += 1
                 self.stats.errors.append(f"{result.transfer_id}: {result.error}")
+                del self.stats.errors[:-20]
                 logger.error("KV pull of transfer %s failed: %s", result.transfer_id, result.error)

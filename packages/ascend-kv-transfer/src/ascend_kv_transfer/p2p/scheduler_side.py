@@ -93,6 +93,8 @@ class P2PScheduler:
                 self._step.recv[request.request_id] = RecvJob(str(params["transfer_id"]), address,
                                                              str(params.get("remote_engine_id", "")), local, first)
                 self.loaded_tokens[request.request_id] = num_external_tokens
+                while len(self.loaded_tokens) > 256:  # recent requests only
+                    self.loaded_tokens.pop(next(iter(self.loaded_tokens)))
             params["do_remote_prefill"] = False  # one transfer per request, even if it is rescheduled
 
     def request_finished(self, request: Any, block_ids: tuple[list[int], ...]) -> tuple[bool, dict[str, Any] | None]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import queue
+from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -20,6 +21,8 @@ from ascend_kv_transfer.p2p.scheduler_side import P2PStep, RecvJob
 from ascend_kv_transfer.p2p.schema import KVGeometry
 
 logger = logging.getLogger(__name__)
+
+_RECENT_PULLS = 256
 
 
 class P2PWorker:
@@ -41,7 +44,8 @@ class P2PWorker:
         self._results: queue.Queue[tuple[str, RecvJob, PullResult]] = queue.Queue()
         self._invalid_blocks: set[int] = set()
         self._failed_reqs: set[str] = set()
-        self.pulled: dict[str, PullResult] = {}
+        # The most recent pulls per request, for stats and tests (bounded: engines run for weeks).
+        self.pulled: OrderedDict[str, PullResult] = OrderedDict()
 
     def register_kv_caches(self, kv_caches: dict[str, Any]) -> None:
         ours = {name: t for name, t in kv_caches.items() if name in self.layer_groups}
@@ -88,6 +92,8 @@ class P2PWorker:
                 break
             recving.add(req_id)
             self.pulled[req_id] = result
+            while len(self.pulled) > _RECENT_PULLS:
+                self.pulled.popitem(last=False)
             if not result.ok:
                 if self.num_groups > 1:  # block ids repeat across groups: report the request instead
                     self._failed_reqs.add(req_id)
