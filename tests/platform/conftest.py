@@ -43,11 +43,15 @@ class EngineRuns:
         for name, spec in specs.items():
             spec_path, out_path, log_path = tmp / f"{name}.json", tmp / f"{name}.out.json", tmp / f"{name}.log"
             spec_path.write_text(json.dumps({"model": str(model), **spec}))
-            log = open(log_path, "w")  # noqa: SIM115 (closed in collect)
-            proc = subprocess.Popen([sys.executable, str(DRIVER), str(spec_path), str(out_path)], env=env,
-                                    stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+            if "argv" in spec:  # a command whose last stdout line is its JSON result (e.g. the demo)
+                argv, stdout, stderr = spec["argv"], open(out_path, "w"), open(log_path, "w")  # noqa: SIM115
+            else:
+                argv = [sys.executable, str(DRIVER), str(spec_path), str(out_path)]
+                stdout = stderr = open(log_path, "w")  # noqa: SIM115 (closed right after the start)
+            proc = subprocess.Popen(argv, env=env, stdout=stdout, stderr=stderr, start_new_session=True)
             self.procs[name] = (proc, out_path, log_path)
-            log.close()
+            stdout.close()
+            stderr.close()
 
     def __getitem__(self, name: str) -> dict:
         if name not in self.results:
@@ -60,7 +64,11 @@ class EngineRuns:
             if proc.returncode != 0 or not out_path.exists():
                 tail = log_path.read_text()[-4000:]
                 pytest.fail(f"engine {name} failed (exit {proc.returncode}); log tail:\n{tail}")
-            self.results[name] = json.loads(out_path.read_text())
+            # vLLM may log its shutdown to stdout after a command's JSON line: take the last JSON object.
+            lines = [line for line in out_path.read_text().splitlines() if line.startswith("{")]
+            if not lines:
+                pytest.fail(f"engine {name} printed no JSON; log: {log_path}")
+            self.results[name] = json.loads(lines[-1])
         return self.results[name]
 
     @staticmethod
@@ -79,8 +87,8 @@ class EngineRuns:
 def tiny_model(tmp_path_factory) -> Path:
     from ascend_core.tiny_model import cached_tiny_llama
 
-    cache = os.environ.get("ASCEND_VLLM_CACHE")
-    return cached_tiny_llama(cache_dir=Path(cache) / "models" if cache else tmp_path_factory.mktemp("models"))
+    root = Path(os.environ.get("ASCEND_VLLM_CACHE") or tmp_path_factory.mktemp("cache"))
+    return cached_tiny_llama(cache_dir=root / "models")  # the demo's --cache-dir is `root`
 
 
 @pytest.fixture(scope="session")
@@ -106,6 +114,9 @@ def engine_runs(tmp_path_factory, tiny_model, prompts, v2_status):
         "bad_config": {**base, "platform": "ascend", "runner": "v1",
                        "bad_configs": [{"no_such_option": 1}, {"graph_mode": "warp-speed"}]},
     }
+    cache = tiny_model.parent.parent
+    specs["demo"] = {"argv": [sys.executable, "-m", "ascend_vllm.cli", "demo", "--json", "--prompts", "2",
+                              "--max-tokens", "8", "--cache-dir", str(cache)]}
     if v2_status[0]:
         specs["ascend_v2"] = {**base, "platform": "ascend", "runner": "v2",
                               "additional_config": {"kernel_checks": True}}

@@ -63,3 +63,11 @@ def test_bad_additional_config_fails_startup_with_one_line(engine_runs):
     assert "unknown key 'no_such_option'" in unknown["message"] and "graph_mode" in unknown["message"]
     assert "'graph_mode'" in bad_value["message"] and "'warp-speed'" in bad_value["message"]
     assert "'piecewise'" in bad_value["message"]  # the allowed values are named
+
+
+def test_demo_runs_through_our_platform(engine_runs, tiny_model):
+    demo = engine_runs["demo"]
+    assert demo["platform"] == "SimulatedNPUPlatform" and demo["kernel_backend"] == "reference"
+    assert demo["attention"] == ["AscendAttentionImpl"] and demo["model"] == str(tiny_model)
+    assert demo["output_tokens"] == 16 and demo["tokens_per_s"] > 0 and demo["startup_s"] > 0
+    assert [bool(s["output"].strip()) for s in demo["samples"]] == [True, True]

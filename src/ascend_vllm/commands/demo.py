@@ -26,6 +26,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cache-dir", default=None,
                         help="tiny model cache (default: $ASCEND_VLLM_CACHE or ~/.cache/ascend-vllm)")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of the readable report")
+    parser.add_argument("--verbose", action="store_true", help="keep vLLM's INFO logs")
 
 
 def _prompts(n: int) -> list[str]:
@@ -38,6 +39,8 @@ def _prompts(n: int) -> list[str]:
 def run(args: argparse.Namespace) -> int:
     for key, value in _ENV.items():
         os.environ.setdefault(key, value)
+    if not args.verbose:
+        os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "1" if args.runner == "v2" else "0"
     from pathlib import Path
 
