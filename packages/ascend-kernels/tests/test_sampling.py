@@ -87,3 +87,15 @@ def test_top_k_keeps_ties_at_the_kth_logit():
         logits, 1.0, top_k=torch.ones(500, dtype=torch.long), generator=torch.Generator().manual_seed(4)
     )
     assert set(tokens.tolist()) == {1, 2}
+
+
+def test_top_k_ties_survive_when_top_p_is_also_given():
+    logits = torch.tensor([[3.0, 2.0, 2.0, 2.0, 0.0]]).repeat(2000, 1)
+    tokens = ops.sample(
+        logits,
+        1.0,
+        top_k=torch.full((2000,), 2),
+        top_p=torch.full((2000,), 0.999),
+        generator=torch.Generator().manual_seed(5),
+    )
+    assert set(tokens.tolist()) == {0, 1, 2, 3}

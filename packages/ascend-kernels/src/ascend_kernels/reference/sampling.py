@@ -17,28 +17,36 @@ def per_row(value, rows: int, device: torch.device) -> torch.Tensor:
     return torch.full((rows,), float(value), device=device)
 
 
+def _drop_below_top_p(ordered: torch.Tensor, top_p) -> torch.Tensor:
+    """`ordered` ascending per row; -inf for the tokens outside the smallest most-likely set of mass >= top_p."""
+    if top_p is None:
+        return ordered
+    mass_below = torch.softmax(ordered, dim=-1).cumsum(dim=-1)
+    drop = mass_below <= (1.0 - top_p.float())[:, None]
+    drop[:, -1] = False  # keep at least the most likely token
+    return ordered.masked_fill(drop, float("-inf"))
+
+
 def apply_top_k_top_p(logits: torch.Tensor, top_k, top_p) -> torch.Tensor:
     """logits `[rows, vocab]` float32 with the tokens outside top-k, then outside top-p, set to -inf."""
     if top_k is None and top_p is None:
         return logits
     vocab = logits.shape[-1]
-    if top_p is None:  # a k-th-largest threshold needs no full sort
-        k = top_k.long()
-        k = torch.where((k <= 0) | (k >= vocab), torch.full_like(k, vocab), k)
-        kth = logits.topk(int(k.max()), dim=-1).values.gather(-1, (k - 1)[:, None])
-        return logits.masked_fill(logits < kth, float("-inf"))
-    ordered, order = logits.sort(dim=-1)  # ascending: the most likely last
     if top_k is not None:
         k = top_k.long()
         k = torch.where((k <= 0) | (k >= vocab), torch.full_like(k, vocab), k)
-        kth = ordered.gather(-1, (vocab - k)[:, None])
-        ordered = ordered.masked_fill(ordered < kth, float("-inf"))
-    if top_p is not None:
-        mass_below = torch.softmax(ordered, dim=-1).cumsum(dim=-1)
-        drop = mass_below <= (1.0 - top_p.float())[:, None]
-        drop[:, -1] = False  # keep at least the most likely token
-        ordered = ordered.masked_fill(drop, float("-inf"))
-    return torch.empty_like(logits).scatter_(-1, order, ordered)
+        kmax = int(k.max())
+        values, ids = logits.topk(kmax, dim=-1)  # only these can survive top-k: no full sort
+        kth = values.gather(-1, (k - 1)[:, None])
+        if top_p is None:
+            return logits.masked_fill(logits < kth, float("-inf"))  # ties at the k-th logit stay
+        if kmax < vocab and int((logits >= kth).sum(dim=-1).max()) <= kmax:  # no tie spills past the candidates
+            ordered = values.flip(-1)
+            ordered = _drop_below_top_p(ordered.masked_fill(ordered < kth, float("-inf")), top_p)
+            return torch.full_like(logits, float("-inf")).scatter_(-1, ids.flip(-1), ordered)
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    ordered, order = logits.sort(dim=-1)  # ascending: the most likely last
+    return torch.empty_like(logits).scatter_(-1, order, _drop_below_top_p(ordered, top_p))
 
 
 def exponential_race(probs: torch.Tensor, generator) -> torch.Tensor:
