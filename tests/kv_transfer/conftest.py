@@ -76,11 +76,12 @@ def run_in_netns(netns, tmp_path):
     """Run a helper script of this folder inside the namespace; returns the Popen (stdin/stdout pipes)."""
     import subprocess
 
-    procs = []
+    procs, logs = [], []
 
     def run(script: str, *args: str) -> subprocess.Popen:
+        logs.append(open(tmp_path / f"{script}.{len(logs)}.log", "wb"))  # noqa: SIM115 - closed at teardown
         proc = netns.popen([sys.executable, str(HERE / script), *args], stdin=subprocess.PIPE,
-                           stdout=subprocess.PIPE, stderr=open(tmp_path / f"{script}.log", "wb"))  # noqa: SIM115
+                           stdout=subprocess.PIPE, stderr=logs[-1])
         procs.append(proc)
         return proc
 
@@ -89,3 +90,8 @@ def run_in_netns(netns, tmp_path):
         if proc.poll() is None:
             proc.kill()
         proc.wait(timeout=10)
+        for stream in (proc.stdin, proc.stdout):
+            if stream:
+                stream.close()
+    for log in logs:
+        log.close()
