@@ -9,8 +9,17 @@ from ascend_kv_transfer.p2p.schema import KVGeometry
 
 
 def layer_groups(kv_cache_config: Any) -> dict[str, int]:
-    """Layer name -> index of its KV cache group."""
-    return {name: gid for gid, group in enumerate(kv_cache_config.kv_cache_groups) for name in group.layer_names}
+    """Layer name -> index of its KV cache group, for the layers that own KV memory.
+
+    Only layers named by a `KVCacheTensor` descriptor own memory (a layer sharing another layer's KV has none and
+    would alias its pages); descriptor layer names are read through `ascend_core.upstream.kv_tensor_layers`, which
+    knows every lane's field name.
+    """
+    from ascend_core.upstream import kv_tensor_layers
+
+    owned = {name for tensor in kv_cache_config.kv_cache_tensors for name in kv_tensor_layers(tensor)}
+    return {name: gid for gid, group in enumerate(kv_cache_config.kv_cache_groups) for name in group.layer_names
+            if name in owned or not owned}
 
 
 def _attention_spec(kv_cache_config: Any) -> Any:
