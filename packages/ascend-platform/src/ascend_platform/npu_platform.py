@@ -53,7 +53,18 @@ class AscendPlatformBase(Platform):
         cls._decide_block_size(vllm_config, ascend)
         cls._decide_graph_mode(vllm_config, ascend)
         cls._decide_custom_ops(vllm_config, ascend)
+        cls._check_speculative_config(vllm_config)
         logger.info("Ascend platform (%s lane): %s", "simulated" if cls.simulated else "npu", ascend.model_dump())
+
+    @classmethod
+    def _check_speculative_config(cls, vllm_config: VllmConfig) -> None:
+        """A bad draft fails start-up with one `SpeculativeConfigError` instead of silently accepting nothing."""
+        if vllm_config.speculative_config is None:
+            return
+        from ascend_specdecode import validate_speculative_config
+
+        family = validate_speculative_config(vllm_config.speculative_config, vllm_config.model_config)
+        logger.info("speculative decoding: %s drafts (%s)", family, vllm_config.speculative_config.method)
 
     @classmethod
     def _update_device_config(cls, vllm_config: VllmConfig) -> None:

@@ -2,7 +2,8 @@
 
 MRV2 allocates inside `initialize_kv_cache` through a module-level `init_kv_cache` and has no hook for it, so our
 runner swaps in `_ascend_init_kv_cache` for the duration of that call via the registered patch
-`mrv2.init_kv_cache` (see `ascend_platform.patches.catalogue`). Nothing stays patched afterwards.
+`mrv2.init_kv_cache` (see `ascend_platform.patches.catalogue`). Nothing stays patched afterwards. Prefill context
+parallel uses `ascend_platform.pcp.AscendPCPManager` through upstream's `pcp_manager_cls` hook.
 """
 
 from __future__ import annotations
@@ -23,6 +24,13 @@ from ascend_platform.worker import kv_binding
 
 class AscendRunnerV2Mixin:
     ascend_kv: Any = None
+
+    @property
+    def pcp_manager_cls(self) -> type:
+        """Prefill context parallel runs on Ascend's manager (persistent buffers, never truncates real tokens)."""
+        from ascend_platform.pcp import AscendPCPManager
+
+        return AscendPCPManager
 
     def initialize_kv_cache(self, kv_cache_config: Any, is_profiling: bool = False,
                             kv_cache_allocation_context: AbstractContextManager | None = None) -> None:

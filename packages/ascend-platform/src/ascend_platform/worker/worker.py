@@ -2,8 +2,9 @@
 
 `AscendWorker` is bound to the lane like `NPUPlatform`: in the simulated lane it is `SimulatedAscendWorker`, built
 on vLLM's `CPUWorker` (memory accounting, thread binding and KV sizing of a CPU device); on a device it is
-`NPUWorker`, built on vLLM's GPU `Worker`. Both differ from their parents only in the runner they construct,
-sleep mode, and `ascend_usage()`.
+`NPUWorker`, built on vLLM's GPU `Worker`. Both differ from their parents only in the runner they construct
+(with `ascend_specdecode`'s drafter and verifier when speculative decoding is configured), sleep mode, and
+`ascend_usage()`.
 """
 
 from __future__ import annotations
@@ -46,7 +47,26 @@ class AscendWorkerMixin:
         usage.note("runner_class", f"{cls.__module__}.{cls.__qualname__}")
         usage.note("kernel_backend", kernel_backend_name())
         usage.note("kernel_checks", ascend.kernel_checks)
-        return cls(self.vllm_config, self.device)
+        runner = cls(self.vllm_config, self.device)
+        if self.vllm_config.speculative_config is not None:
+            import ascend_specdecode
+            from ascend_specdecode.models.dflash2 import register_dflash2_draft
+
+            # The model registry is per process and this one builds the draft (the main process never does).
+            register_dflash2_draft()
+            ascend_specdecode.install_speculative_decoding(runner)
+        return runner
+
+    def load_model(self, *args: Any, **kwargs: Any) -> None:
+        super().load_model(*args, **kwargs)
+        if self.vllm_config.speculative_config is not None:
+            import ascend_specdecode
+
+            # Idempotent: whatever loading did, the engine verifies with AscendRejectionSampler on the V1 runner.
+            ascend_specdecode.install_verifier(self.model_runner)
+            rejection_sampler = getattr(self.model_runner, "rejection_sampler", None)
+            if rejection_sampler is not None:
+                usage.note("verifier", f"{type(rejection_sampler).__module__}.{type(rejection_sampler).__qualname__}")
 
     @property
     def sleep_controller(self) -> SleepController:
