@@ -42,8 +42,9 @@ def test_self_draft_is_accepted_at_every_position(run_case, baseline, workload, 
     report = report_of(result)
     assert len(report.acceptance_per_position) == workload["k"]
     report.check_floor(SELF_DRAFT_FLOOR, label=f"{method} self-draft, {lane} lane")
-    if lane == SIMULATED:  # the other lane's kernels differ, so its tokens are not compared with this baseline
-        assert result["token_ids"] == baseline["token_ids"]
+    # vLLM's CPU lane has no baseline engine of its own: the simulated lane's stands in (the platform e2e tests
+    # show both lanes generate the same greedy tokens on peaked models).
+    assert result["token_ids"] == baseline["token_ids"], f"{method} self-draft, {lane} lane: output changed"
 
 
 @pytest.mark.parametrize("method", RANDOM_DRAFT_METHODS)
