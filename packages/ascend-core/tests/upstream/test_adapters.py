@@ -108,3 +108,13 @@ def test_pop_speculator_dp_accepts_any_lane_and_rejects_two():
     assert pop_speculator_dp({}) is None
     with pytest.raises(TypeError, match="several"):
         pop_speculator_dp({"dp_sync": 1, "dp_sync_state": 2})
+
+
+def test_planner_function_finds_the_installed_planner():
+    from vllm.v1.core import kv_cache_utils
+
+    from ascend_core.upstream import planner_function
+
+    assert planner_function("get_kv_cache_groups") is kv_cache_utils.get_kv_cache_groups
+    with pytest.raises(AttributeError, match="no_such_planner_fn"):
+        planner_function("no_such_planner_fn")

@@ -16,6 +16,7 @@ from ascend_core.upstream.pcp import (
     pcp_partition_kwargs,
     upstream_pcp_manager_cls,
 )
+from ascend_core.upstream.planner import planner_function
 from ascend_core.upstream.probes import ProbeResult, default_loader, run_probes
 from ascend_core.upstream.speculator import (
     DP_ARG_NAMES,
@@ -49,6 +50,7 @@ __all__ = [
     "pcp_init_kwargs",
     "pcp_partition_arg",
     "pcp_partition_kwargs",
+    "planner_function",
     "pop_speculator_dp",
     "public_version",
     "run_probes",

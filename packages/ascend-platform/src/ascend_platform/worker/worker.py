@@ -81,11 +81,10 @@ class AscendWorkerMixin:
 
         if kv_mode_for(self.vllm_config) != "private":
             return available
-        from vllm.v1.core.kv_cache_utils import get_kv_cache_groups
-
         from ascend_core.kv.allocator import scale_budget_for_private
+        from ascend_core.upstream import planner_function
 
-        groups = get_kv_cache_groups(self.vllm_config, self.model_runner.get_kv_cache_spec())
+        groups = planner_function("get_kv_cache_groups")(self.vllm_config, self.model_runner.get_kv_cache_spec())
         kv_transfer = self.vllm_config.kv_transfer_config is not None
         scaled = scale_budget_for_private(groups, available, kv_transfer=kv_transfer)
         logger.info("private KV buffers: planner budget %d -> %d bytes", available, scaled)
