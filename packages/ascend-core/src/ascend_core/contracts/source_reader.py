@@ -10,7 +10,8 @@ import re
 import zipfile
 from pathlib import Path
 
-# `__version__ = version = '0.28.0'` (setuptools-scm / vcs-versioning) or a plain `__version__ = "..."`
+# The release a source tree or wheel names in vllm/_version.py (setuptools-scm's two-name assignment, or a plain one);
+# read for the report's heading only, never to decide anything.
 _VERSION_RE = re.compile(r"""^__version__\s*(?::\s*str\s*)?=(?:\s*version\s*=)?\s*['"]([^'"]+)['"]""", re.M)
 
 
