@@ -10,11 +10,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (
-    KVConnectorBase_V1,
     KVConnectorMetadata,
     KVConnectorRole,
     KVConnectorTransferResults,
-    SupportsHMA,
 )
 from vllm.logger import init_logger
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
@@ -22,15 +20,13 @@ from vllm.v1.metrics.cache_hit_source import CacheHitSource
 from ascend_kv_transfer.options import MooncakeOptions, parse_options
 from ascend_kv_transfer.p2p.scheduler_side import P2PScheduler, P2PStep
 from ascend_kv_transfer.p2p.worker_side import P2PWorker
+from ascend_kv_transfer.split_role_connector import SplitRoleConnector
 from ascend_kv_transfer.stats import AscendKVConnectorStats, CounterDeltas
 from ascend_kv_transfer.vllm_config_info import engine_ranks, kv_geometry, layer_groups, worker_ranks
 
 if TYPE_CHECKING:
-    import torch
     from vllm.config import VllmConfig
     from vllm.forward_context import ForwardContext
-    from vllm.v1.attention.backend import AttentionMetadata
-    from vllm.v1.core.kv_cache_manager import KVCacheBlocks
     from vllm.v1.core.sched.output import SchedulerOutput
     from vllm.v1.kv_cache_interface import KVCacheConfig
     from vllm.v1.request import Request
@@ -43,7 +39,7 @@ class P2PConnectorMetadata(KVConnectorMetadata):
         self.step = step
 
 
-class AscendMooncakeConnector(KVConnectorBase_V1, SupportsHMA):
+class AscendMooncakeConnector(SplitRoleConnector):
     _cache_hit_source = CacheHitSource.P2P
     scheduler_cls: type[P2PScheduler] = P2PScheduler
     worker_cls: type[P2PWorker] = P2PWorker
@@ -76,55 +72,20 @@ class AscendMooncakeConnector(KVConnectorBase_V1, SupportsHMA):
             return None
         return "LBHNC"
 
-    @classmethod
-    def build_kv_connector_stats(cls, data: dict[str, Any] | None = None) -> AscendKVConnectorStats:
-        return AscendKVConnectorStats(data=data or {})
-
     # ---- scheduler ----------------------------------------------------------------------------------------------
     def get_loaded_kv_cache_group_ids(self, request: Request) -> tuple[int, ...]:
         return self._kv_cache_config.transfer_group_ids
-
-    def get_num_new_matched_tokens(self, request: Request, num_computed_tokens: int) -> tuple[int | None, bool]:
-        assert self._scheduler is not None
-        return self._scheduler.get_num_new_matched_tokens(request, num_computed_tokens)
-
-    def update_state_after_alloc(self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int) -> None:
-        assert self._scheduler is not None
-        self._scheduler.update_state_after_alloc(request, blocks, num_external_tokens)
 
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
         assert self._scheduler is not None
         return P2PConnectorMetadata(self._scheduler.build_step())
 
-    def request_finished(self, request: Request, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
-        assert self._scheduler is not None
-        return self._scheduler.request_finished(request, (block_ids,))
-
-    def request_finished_all_groups(self, request: Request,
-                                    block_ids: tuple[list[int], ...]) -> tuple[bool, dict[str, Any] | None]:
-        assert self._scheduler is not None
-        return self._scheduler.request_finished(request, block_ids)
-
     # ---- worker -------------------------------------------------------------------------------------------------
-    def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
-        assert self._worker is not None
-        self._worker.register_kv_caches(kv_caches)
-
     def start_load_kv(self, forward_context: ForwardContext, **kwargs: Any) -> None:
         assert self._worker is not None
         metadata = self._get_connector_metadata()
         assert isinstance(metadata, P2PConnectorMetadata)
         self._worker.start_step(metadata.step)
-
-    def wait_for_layer_load(self, layer_name: str) -> None:
-        return
-
-    def save_kv_layer(self, layer_name: str, kv_layer: torch.Tensor, attn_metadata: AttentionMetadata,
-                      **kwargs: Any) -> None:
-        return
-
-    def wait_for_save(self) -> None:
-        return
 
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
         assert self._worker is not None
@@ -149,7 +110,3 @@ class AscendMooncakeConnector(KVConnectorBase_V1, SupportsHMA):
             return self._worker.stats() | {"pulled": {k: v.__dict__ for k, v in self._worker.pulled.items()}}
         assert self._scheduler is not None
         return {"loaded_tokens": dict(self._scheduler.loaded_tokens)}
-
-    def shutdown(self) -> None:
-        if self._worker is not None:
-            self._worker.shutdown()

@@ -9,10 +9,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (
-    KVConnectorBase_V1,
     KVConnectorMetadata,
     KVConnectorRole,
-    SupportsHMA,
 )
 from vllm.logger import init_logger
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
@@ -21,18 +19,15 @@ from ascend_kv_transfer.offload.lru import HostTierIndex
 from ascend_kv_transfer.offload.scheduler_side import OffloadScheduler, OffloadStep
 from ascend_kv_transfer.offload.worker_side import OffloadWorker
 from ascend_kv_transfer.options import OffloadOptions, parse_options
+from ascend_kv_transfer.split_role_connector import SplitRoleConnector
 from ascend_kv_transfer.stats import AscendKVConnectorStats, CounterDeltas
 from ascend_kv_transfer.vllm_config_info import bytes_per_block, layer_groups
 
 if TYPE_CHECKING:
-    import torch
     from vllm.config import VllmConfig
     from vllm.forward_context import ForwardContext
-    from vllm.v1.attention.backend import AttentionMetadata
-    from vllm.v1.core.kv_cache_manager import KVCacheBlocks
     from vllm.v1.core.sched.output import SchedulerOutput
     from vllm.v1.kv_cache_interface import KVCacheConfig
-    from vllm.v1.request import Request
 
 logger = init_logger(__name__)
 
@@ -42,7 +37,7 @@ class OffloadConnectorMetadata(KVConnectorMetadata):
         self.step = step
 
 
-class AscendOffloadingConnector(KVConnectorBase_V1, SupportsHMA):
+class AscendOffloadingConnector(SplitRoleConnector):
     _cache_hit_source = CacheHitSource.HOST
 
     def __init__(self, vllm_config: VllmConfig, role: KVConnectorRole, kv_cache_config: KVCacheConfig):
@@ -66,52 +61,17 @@ class AscendOffloadingConnector(KVConnectorBase_V1, SupportsHMA):
     def requires_kv_delivery(self) -> bool:
         return False  # a dropped store is only a future cache miss
 
-    @classmethod
-    def build_kv_connector_stats(cls, data: dict[str, Any] | None = None) -> AscendKVConnectorStats:
-        return AscendKVConnectorStats(data=data or {})
-
     # ---- scheduler ----------------------------------------------------------------------------------------------
-    def get_num_new_matched_tokens(self, request: Request, num_computed_tokens: int) -> tuple[int | None, bool]:
-        assert self._scheduler is not None
-        return self._scheduler.get_num_new_matched_tokens(request, num_computed_tokens)
-
-    def update_state_after_alloc(self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int) -> None:
-        assert self._scheduler is not None
-        self._scheduler.update_state_after_alloc(request, blocks, num_external_tokens)
-
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
         assert self._scheduler is not None
         return OffloadConnectorMetadata(self._scheduler.build_step())
 
-    def request_finished(self, request: Request, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
-        assert self._scheduler is not None
-        return self._scheduler.request_finished(request, (block_ids,))
-
-    def request_finished_all_groups(self, request: Request,
-                                    block_ids: tuple[list[int], ...]) -> tuple[bool, dict[str, Any] | None]:
-        assert self._scheduler is not None
-        return self._scheduler.request_finished(request, block_ids)
-
     # ---- worker -------------------------------------------------------------------------------------------------
-    def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
-        assert self._worker is not None
-        self._worker.register_kv_caches(kv_caches)
-
     def start_load_kv(self, forward_context: ForwardContext, **kwargs: Any) -> None:
         assert self._worker is not None
         metadata = self._get_connector_metadata()
         assert isinstance(metadata, OffloadConnectorMetadata)
         self._worker.run_step(metadata.step)
-
-    def wait_for_layer_load(self, layer_name: str) -> None:
-        return
-
-    def save_kv_layer(self, layer_name: str, kv_layer: torch.Tensor, attn_metadata: AttentionMetadata,
-                      **kwargs: Any) -> None:
-        return
-
-    def wait_for_save(self) -> None:
-        return
 
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
         assert self._worker is not None
@@ -120,9 +80,6 @@ class AscendOffloadingConnector(KVConnectorBase_V1, SupportsHMA):
     def get_kv_connector_stats(self) -> AscendKVConnectorStats | None:
         return self._deltas.take(dict(self._worker.stats.__dict__)) if self._worker is not None else None
 
-    def shutdown(self) -> None:
-        if self._worker is not None:
-            self._worker.shutdown()
 
     def connector_stats(self) -> dict[str, Any]:
         if self._worker is not None:
