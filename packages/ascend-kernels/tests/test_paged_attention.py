@@ -180,3 +180,20 @@ def test_chunking_over_many_requests_matches(strided_caches, monkeypatch):
 
     monkeypatch.setattr(attention, "CHUNK_BYTES", 1)  # one request per chunk
     _run(strided_caches, q_lens=[1, 1, 2, 2, 5], seq_lens=[17, 3, 40, 2, 5], heads=4, kv_heads=2, dtype=torch.float32)
+
+
+@DTYPES
+def test_packed_and_separate_caches_agree(strided_caches, dtype):
+    """The allocator's packed K|V pages take the one-pass gather; the same values in separate contiguous caches
+    take the two-gather path; both match the naive formulation."""
+    from ascend_kernels.reference.attention import _packed_kv
+
+    def separate(num_blocks, block_size, heads, head_size, head_size_v, dtype, *, seed=0):
+        backing, k, v = strided_caches(num_blocks, block_size, heads, head_size, head_size_v, dtype, seed=seed)
+        assert _packed_kv(k, v) is not None
+        k, v = k.contiguous(), v.contiguous()
+        assert _packed_kv(k, v) is None
+        return backing, k, v
+
+    for caches in (strided_caches, separate):
+        _run(caches, q_lens=[1, 1, 1], seq_lens=[33, 16, 47], heads=8, kv_heads=2, dtype=dtype)
