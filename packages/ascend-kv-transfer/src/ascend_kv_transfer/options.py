@@ -36,6 +36,9 @@ class MooncakeOptions:
     handshake_timeout_s: float = 5.0
     # How long a decode keeps asking a prefill that has not yet seen the transfer before giving up.
     claim_wait_s: float = 10.0
+    # Pulls up to this many bytes run within the engine step that sees the claim answered (no thread hand-off);
+    # larger ones go to a background thread so they do not stall the running batch. 0: always the thread.
+    inline_read_max_bytes: int = 8 << 20
     # Entries per Mooncake batch call; must stay under the peer's queue limit.
     max_batch_entries: int = 1000
     peer_queue_limit: int = MOONCAKE_PEER_QUEUE_LIMIT
@@ -48,6 +51,9 @@ class MooncakeOptions:
         for key in ("abort_timeout_s", "handshake_timeout_s", "claim_wait_s"):
             if not getattr(self, key) > 0:
                 raise OptionError(f"kv_connector_extra_config[{key!r}]={getattr(self, key)!r}: must be > 0")
+        if self.inline_read_max_bytes < 0:
+            raise OptionError(f"kv_connector_extra_config['inline_read_max_bytes']={self.inline_read_max_bytes!r}: "
+                              "must be >= 0")
         if self.peer_queue_limit < 1:
             raise OptionError(f"kv_connector_extra_config['peer_queue_limit']={self.peer_queue_limit!r}: must be >= 1")
         if not 1 <= self.max_batch_entries <= self.peer_queue_limit:

@@ -152,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
     stdin = sys.stdin
     while True:
         busy = host.core.scheduler.has_requests()
-        readable, _, _ = select.select([stdin], [], [], 0.002 if busy else 0.5)
+        readable, _, _ = select.select([stdin], [], [], 0 if busy else 0.5)
         if not readable:
             host.step_idle()
             continue

@@ -110,6 +110,11 @@ class MooncakeAgent:
     def serve(self, port: int) -> None:
         self._server = SideChannelServer(self.options.side_channel_host, port, self._handle)
 
+    def serve_pending(self) -> None:
+        """Answer side-channel requests from the engine's thread (see `SideChannelServer`)."""
+        if self._server is not None:
+            self._server.serve_pending()
+
     def hold(self, transfer_id: str, req_id: str, block_ids: list[list[int]]) -> None:
         with self._lock:
             self._held[transfer_id] = HeldTransfer(req_id, block_ids, time.monotonic() + self.options.abort_timeout_s)
@@ -177,12 +182,24 @@ class MooncakeAgent:
         meta = self._peers.get(address)
         if meta is None:
             reply = self._side_channel().request(address, schema.MetadataRequest(requester=self.engine_id))
-            if not isinstance(reply, schema.MetadataResponse) or reply.metadata is None:
-                raise RuntimeError(f"peer {address} answered the handshake with {type(reply).__name__}")
-            meta = reply.metadata
-            check_geometry(self.geometry, meta.geometry, f"{meta.engine_id}@{address[0]}:{address[1]}")
-            self._peers[address] = meta
+            meta = self.accept_peer(address, reply)
         return meta
+
+    def known_peer(self, address: tuple[str, int]) -> schema.AgentMetadata | None:
+        return self._peers.get(address)
+
+    def accept_peer(self, address: tuple[str, int], reply: schema.AnyMessage) -> schema.AgentMetadata:
+        """Check a handshake reply against our geometry (the error names the field) and remember the peer."""
+        if not isinstance(reply, schema.MetadataResponse) or reply.metadata is None:
+            raise RuntimeError(f"peer {address} answered the handshake with {type(reply).__name__}")
+        meta = reply.metadata
+        check_geometry(self.geometry, meta.geometry, f"{meta.engine_id}@{address[0]}:{address[1]}")
+        self._peers[address] = meta
+        return meta
+
+    def forget_peer(self, address: tuple[str, int]) -> None:
+        """After a failure: the next transfer handshakes again (the peer may have restarted with a new layout)."""
+        self._peers.pop(address, None)
 
     def pull(self, address: tuple[str, int], transfer_id: str, local_block_ids: list[list[int]],
              on_landed: Callable[[PullResult], None] | None = None) -> PullResult:
@@ -196,7 +213,7 @@ class MooncakeAgent:
             meta = self.peer_metadata(address)
             remote_ids = self._claim(address, transfer_id)
             claimed = True
-            entries = self._plan(meta, local_block_ids, remote_ids)
+            entries = self.plan(meta, local_block_ids, remote_ids)
             result.calls = self.engine.read(f"{meta.host}:{meta.rpc_port}", entries)
             result.entries = len(entries)
             result.nbytes = entries.nbytes
@@ -210,11 +227,11 @@ class MooncakeAgent:
                 logger.warning("DONE for transfer %s not delivered: %s", transfer_id, e)
             else:
                 result.error = f"{type(e).__name__}: {e}"
-                self._peers.pop(address, None)
+                self.forget_peer(address)
                 if claimed or not isinstance(e, TimeoutError):
                     self.release(address, transfer_id)
         result.seconds = time.perf_counter() - start
-        self._record(result)
+        self.record(result)
         return result
 
     def release(self, address: tuple[str, int], transfer_id: str) -> None:
@@ -242,7 +259,7 @@ class MooncakeAgent:
             time.sleep(delay)
             delay = min(delay * 2, 0.05)
 
-    def _plan(self, meta: schema.AgentMetadata, local: list[list[int]], remote: list[list[int]]) -> Entries:
+    def plan(self, meta: schema.AgentMetadata, local: list[list[int]], remote: list[list[int]]) -> Entries:
         assert self.kv is not None
         pairs = match_regions(self.kv.regions, meta)
         entries = Entries([], [], [])
@@ -260,7 +277,7 @@ class MooncakeAgent:
             entries.lengths += part.lengths
         return entries
 
-    def _record(self, result: PullResult) -> None:
+    def record(self, result: PullResult) -> None:
         with self._lock:
             if result.ok:
                 self.stats.pulls_ok += 1

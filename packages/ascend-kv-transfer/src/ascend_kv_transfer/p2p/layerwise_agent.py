@@ -167,9 +167,9 @@ class LayerwiseAgent(MooncakeAgent):
             result.ok = True
         except Exception as e:
             result.error = f"{type(e).__name__}: {e}"
-            self._peers.pop(address, None)
+            self.forget_peer(address)
             if not isinstance(e, TimeoutError):
                 self.release(address, transfer_id)
         result.seconds = time.perf_counter() - start
-        self._record(result)
+        self.record(result)
         return result

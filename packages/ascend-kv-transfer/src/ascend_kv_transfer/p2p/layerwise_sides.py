@@ -92,9 +92,13 @@ class LayerwiseWorker(P2PWorker):
                 self.save_layer(layer)
         self._pushes = {}
 
-    def _pull(self, req_id: str, job: RecvJob) -> None:
+    def _receive(self, req_id: str, job: RecvJob, address: tuple[str, int]) -> None:
+        # The push arrives whenever the prefill computes each layer: the wait belongs on a thread.
+        assert self._pool is not None
+        self._pool.submit(self._await_push, req_id, job, address)
+
+    def _await_push(self, req_id: str, job: RecvJob, address: tuple[str, int]) -> None:
         assert isinstance(self.agent, LayerwiseAgent)
-        address = (job.address[0], job.address[1] + self.ranks.worker_offset)
         if not any(job.local_block_ids):
             self.agent.release(address, job.transfer_id)
             return

@@ -1,6 +1,6 @@
 """Worker half of the P2P connector: registers the KV memory, holds blocks (prefill), pulls them (decode).
 
-Pulls run on one background thread so the engine keeps stepping; results are handed back through `get_finished`.
+Pulls advance on the engine's own calls (`p2p.step_pulls`); results are handed back through `get_finished`.
 A failed pull still reports the request as finished receiving, and its blocks as load errors, so vLLM recomputes
 the prompt instead of decoding from garbage.
 """
@@ -19,6 +19,7 @@ from ascend_kv_transfer.p2p.agent import MooncakeAgent, PullResult
 from ascend_kv_transfer.p2p.ports import Ranks, worker_port
 from ascend_kv_transfer.p2p.scheduler_side import P2PStep, RecvJob
 from ascend_kv_transfer.p2p.schema import KVGeometry
+from ascend_kv_transfer.p2p.step_pulls import StepDrivenPulls
 
 logger = logging.getLogger(__name__)
 
@@ -42,6 +43,9 @@ class P2PWorker:
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ascend-kv-pull") if self.is_consumer \
             else None
         self._results: queue.Queue[tuple[str, RecvJob, PullResult]] = queue.Queue()
+        self._pulls = StepDrivenPulls(self.agent, self._report, self._pool,
+                                      inline_read_max_bytes=options.inline_read_max_bytes) \
+            if self._pool is not None else None
         self._invalid_blocks: set[int] = set()
         self._failed_reqs: set[str] = set()
         # The most recent pulls per request, for stats and tests (bounded: engines run for weeks).
@@ -64,26 +68,26 @@ class P2PWorker:
             self.agent.drop(transfer_id)
         for req_id, job in step.send.items():
             self.agent.hold(job.transfer_id, req_id, job.block_ids)
+        if self.is_producer:
+            self.agent.serve_pending()  # claims that arrived before this hold get it now
         for req_id, job in step.recv.items():
-            assert self._pool is not None, "recv job on a worker that is not a KV consumer"
-            self._pool.submit(self._pull, req_id, job)
+            assert self.is_consumer, "recv job on a worker that is not a KV consumer"
+            self._receive(req_id, job, (job.address[0], job.address[1] + self.ranks.worker_offset))
+        if self._pulls is not None:
+            self._pulls.advance()
 
-    def _pull(self, req_id: str, job: RecvJob) -> None:
-        address = (job.address[0], job.address[1] + self.ranks.worker_offset)
-        if not any(job.local_block_ids):
-            self.agent.release(address, job.transfer_id)
-            return
-        landed: list[PullResult] = []
+    def _receive(self, req_id: str, job: RecvJob, address: tuple[str, int]) -> None:
+        assert self._pulls is not None
+        self._pulls.add(req_id, job, address)
 
-        def report(result: PullResult) -> None:
-            landed.append(result)
-            self._results.put((req_id, job, result))
-
-        result = self.agent.pull(address, job.transfer_id, job.local_block_ids, on_landed=report)
-        if not landed:
-            self._results.put((req_id, job, result))
+    def _report(self, req_id: str, job: RecvJob, result: PullResult) -> None:
+        self._results.put((req_id, job, result))
 
     def get_finished(self) -> tuple[set[str], set[str]]:
+        if self._pulls is not None:
+            self._pulls.advance()
+        if self.is_producer:
+            self.agent.serve_pending()
         recving: set[str] = set()
         while True:
             try:
@@ -111,9 +115,14 @@ class P2PWorker:
         return invalid
 
     def stats(self) -> dict[str, Any]:
-        return self.agent.stats.as_dict() | {"held_now": self.agent.num_held()}
+        out = self.agent.stats.as_dict() | {"held_now": self.agent.num_held()}
+        if self._pulls is not None:
+            out |= {"inline_reads": self._pulls.inline_reads, "background_reads": self._pulls.background_reads}
+        return out
 
     def shutdown(self) -> None:
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)
+        if self._pulls is not None:
+            self._pulls.close()
         self.agent.close()
