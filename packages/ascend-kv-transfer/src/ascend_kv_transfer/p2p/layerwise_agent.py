@@ -19,6 +19,7 @@ from ascend_kv_transfer.p2p.agent import MooncakeAgent, PullResult
 from ascend_kv_transfer.p2p.geometry import check_geometry, match_regions
 from ascend_kv_transfer.p2p.plan import Entries, build_entries, coalesce_runs
 from ascend_kv_transfer.p2p.schema import LayerRegion, TransferState
+from ascend_kv_transfer.p2p.side_channel import Deferred
 
 
 @dataclass
@@ -47,7 +48,7 @@ class LayerwiseAgent(MooncakeAgent):
             return self._pushes.setdefault(transfer_id, PushState())
 
     # ---- producer -----------------------------------------------------------------------------------------------
-    def _handle(self, message: schema.AnyMessage) -> schema.Message:
+    def _handle(self, message: schema.AnyMessage) -> schema.Message | Deferred:
         if isinstance(message, schema.PushRequest):
             if message.metadata is None:
                 raise ValueError("push request without the decode side's metadata")

@@ -3,7 +3,8 @@
 Every wait is bounded: the server polls with a timeout so it can stop, and a client round trip gives up after
 `timeout_s` (the socket is then dropped, since a socket that missed a reply cannot be trusted to pair the next one).
 Two clients: `SideChannelClient` blocks for its answer (threads, tools, tests); `AsyncSideChannelClient` never
-blocks, for the engine's own thread: `send` returns a `PendingReply` that a later `poll` fills in.
+blocks, for the engine's own thread: `send` returns a `PendingReply` that a later `poll` fills in. A handler may
+answer `Deferred`: the server parks the request and asks again on each pass until the handler can answer.
 """
 
 from __future__ import annotations
@@ -12,7 +13,6 @@ import logging
 import select
 import threading
 import time
-from collections import deque
 from collections.abc import Callable
 
 import zmq
@@ -26,6 +26,16 @@ class SideChannelTimeout(TimeoutError):
     pass
 
 
+class Deferred:
+    """A handler's "not yet": the server asks again on each pass for up to `wait_s`, then sends `otherwise`."""
+
+    __slots__ = ("wait_s", "otherwise")
+
+    def __init__(self, wait_s: float, otherwise: schema.Message):
+        self.wait_s = wait_s
+        self.otherwise = otherwise
+
+
 class SideChannelServer:
     """Answers requests from a thread, and from the engine's own thread whenever it calls `serve_pending`.
 
@@ -36,7 +46,7 @@ class SideChannelServer:
     thread waits on the socket's file descriptor without holding it.
     """
 
-    def __init__(self, host: str, port: int, handler: Callable[[schema.AnyMessage], schema.Message]):
+    def __init__(self, host: str, port: int, handler: Callable[[schema.AnyMessage], schema.Message | Deferred]):
         self._ctx = zmq.Context.instance()
         self._sock = self._ctx.socket(zmq.ROUTER)
         self._sock.setsockopt(zmq.LINGER, 0)
@@ -49,6 +59,8 @@ class SideChannelServer:
         self._handler = handler
         self._lock = threading.Lock()
         self._fd = self._sock.getsockopt(zmq.FD)
+        # Requests whose handler deferred the answer: (envelope frames, message, deadline), asked again each pass.
+        self._parked: list[tuple[list[bytes], schema.AnyMessage, float]] = []
         self.answered_by_engine = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._serve, name=f"ascend-kv-side-channel-{port}", daemon=True)
@@ -58,7 +70,7 @@ class SideChannelServer:
         while not self._stop.is_set():
             # The fd is edge-triggered: readable once something changed; draining to EAGAIN re-arms it. The
             # timeout covers an edge the engine's thread consumed.
-            select.select([self._fd], [], [], 0.05)
+            select.select([self._fd], [], [], 0.005 if self._parked else 0.05)
             with self._lock:
                 if not self._stop.is_set():
                     self._drain()
@@ -75,20 +87,43 @@ class SideChannelServer:
         return answered
 
     def _drain(self) -> int:
-        answered = 0
+        answered = self._retry_parked()
         while True:
             try:
                 frames = self._sock.recv_multipart(flags=zmq.NOBLOCK)
             except zmq.Again:
                 return answered
+            envelope = frames[:-1]  # identity, delimiter (and a DEALER's request id): echoed with the answer
             try:
-                reply = self._handler(schema.decode(frames[-1]))
-            except Exception as e:  # a bad request must not kill the server; the peer gets the reason
-                logger.warning("side channel request failed: %s", e)
-                reply = schema.ErrorResponse(error=str(e))
-            # Echo the envelope (identity, delimiter) so REQ and DEALER peers both get their answer.
-            self._sock.send_multipart([*frames[:-1], schema.encode(reply)])
-            answered += 1
+                message = schema.decode(frames[-1])
+            except Exception as e:
+                self._reply(envelope, schema.ErrorResponse(error=str(e)))
+                answered += 1
+                continue
+            if self._answer(envelope, message, time.monotonic()):
+                answered += 1
+
+    def _answer(self, envelope: list[bytes], message: schema.AnyMessage, since: float) -> bool:
+        """Answer now, or park the request if the handler defers it (False)."""
+        try:
+            reply = self._handler(message)
+        except Exception as e:  # a bad request must not kill the server; the peer gets the reason
+            logger.warning("side channel request failed: %s", e)
+            reply = schema.ErrorResponse(error=str(e))
+        if isinstance(reply, Deferred):
+            if time.monotonic() - since < reply.wait_s:
+                self._parked.append((envelope, message, since))
+                return False
+            reply = reply.otherwise
+        self._reply(envelope, reply)
+        return True
+
+    def _retry_parked(self) -> int:
+        parked, self._parked = self._parked, []
+        return sum(self._answer(envelope, message, since) for envelope, message, since in parked)
+
+    def _reply(self, envelope: list[bytes], reply: schema.Message) -> None:
+        self._sock.send_multipart([*envelope, schema.encode(reply)])
 
     def close(self) -> None:
         self._stop.set()
@@ -154,16 +189,17 @@ class PendingReply:
 class AsyncSideChannelClient:
     """Round trips that never block the caller (use from one thread).
 
-    One DEALER socket per peer: the ROUTER server answers each connection's requests in order, so replies are
-    matched to requests first in, first out. A peer that leaves its oldest request unanswered for `timeout_s` fails
-    every request in flight to it, and its socket is replaced on the next send.
+    One DEALER socket per peer; each request carries an id the server echoes, since a server may answer a later
+    request first (it parks requests it cannot answer yet). A request unanswered for `timeout_s` fails; a late
+    answer to it is dropped.
     """
 
     def __init__(self, timeout_s: float):
         self._ctx = zmq.Context.instance()
         self._timeout_s = timeout_s
         self._socks: dict[tuple[str, int], zmq.Socket] = {}
-        self._inflight: dict[tuple[str, int], deque[PendingReply]] = {}
+        self._inflight: dict[tuple[str, int], dict[bytes, PendingReply]] = {}
+        self._next_id = 0
 
     def send(self, address: tuple[str, int], message: schema.Message) -> PendingReply:
         pending = PendingReply(message)
@@ -173,30 +209,34 @@ class AsyncSideChannelClient:
             sock.setsockopt(zmq.LINGER, 0)
             sock.connect(f"tcp://{address[0]}:{address[1]}")
             self._socks[address] = sock
-            self._inflight[address] = deque()
+            self._inflight[address] = {}
+        self._next_id += 1
+        rid = self._next_id.to_bytes(8, "little")
         try:
-            sock.send_multipart([b"", schema.encode(message)], flags=zmq.NOBLOCK)
+            sock.send_multipart([b"", rid, schema.encode(message)], flags=zmq.NOBLOCK)
         except zmq.ZMQError as e:  # the queue to a peer that never answers is full
             pending.error = SideChannelTimeout(f"cannot send {type(message).__name__} to tcp://{address[0]}:"
                                                f"{address[1]}: {e}")
             return pending
-        self._inflight[address].append(pending)
+        self._inflight[address][rid] = pending
         return pending
 
     def in_flight(self) -> int:
         return sum(len(q) for q in self._inflight.values())
 
     def poll(self) -> None:
-        """Take every reply that has arrived; fail what waited past the timeout."""
+        """Take every answer that has arrived; fail what waited past the timeout."""
         now = time.monotonic()
-        for address, sock in list(self._socks.items()):
-            queue = self._inflight[address]
-            while queue:
+        for address, sock in self._socks.items():
+            inflight = self._inflight[address]
+            while inflight:
                 try:
                     frames = sock.recv_multipart(flags=zmq.NOBLOCK)
                 except zmq.Again:
                     break
-                pending = queue.popleft()
+                pending = inflight.pop(frames[-2], None) if len(frames) >= 2 else None
+                if pending is None:
+                    continue  # the answer to a request that already timed out
                 try:
                     reply = schema.decode(frames[-1])
                 except Exception as e:
@@ -207,19 +247,15 @@ class AsyncSideChannelClient:
                                                  f"{type(pending.message).__name__}: {reply.error}")
                 else:
                     pending.reply = reply
-            if queue and now - queue[0].sent_at > self._timeout_s:
-                error = SideChannelTimeout(f"no answer from side channel tcp://{address[0]}:{address[1]} within "
-                                           f"{self._timeout_s:g} s")
-                for pending in queue:
-                    pending.error = error
-                self._drop(address)
-
-    def _drop(self, address: tuple[str, int]) -> None:
-        self._inflight.pop(address, None)
-        sock = self._socks.pop(address, None)
-        if sock is not None:
-            sock.close()
+            for rid, pending in list(inflight.items()):
+                if now - pending.sent_at > self._timeout_s:
+                    pending.error = SideChannelTimeout(f"no answer to {type(pending.message).__name__} from side "
+                                                       f"channel tcp://{address[0]}:{address[1]} within "
+                                                       f"{self._timeout_s:g} s")
+                    del inflight[rid]
 
     def close(self) -> None:
-        for address in list(self._socks):
-            self._drop(address)
+        for sock in self._socks.values():
+            sock.close()
+        self._socks.clear()
+        self._inflight.clear()
