@@ -1,11 +1,12 @@
 """Two real Mooncake agents (producer and consumer) in one process, no vLLM: prints one JSON line of findings.
 
-Usage: `agent_loopback.py pull|broken`; run inside a loopback-only network namespace.
+Usage: `agent_loopback.py pull|broken|steps`; run inside a loopback-only network namespace.
 """
 
 import json
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
@@ -78,5 +79,86 @@ def broken_mode():
     prod.close()
 
 
+def steps_mode():
+    """Step-driven pulls (the decode worker's path) against a producer whose engine loop is simulated here."""
+    from ascend_kv_transfer.p2p.scheduler_side import RecvJob
+    from ascend_kv_transfer.p2p.step_pulls import StepDrivenPulls
+
+    out = {}
+    prod, p_layers = agent("producer", 32500, 1, abort_timeout_s=0.3)
+    prod.serve(32500)
+    cons, c_layers = agent("consumer", 32600, 2, claim_wait_s=2.0, handshake_timeout_s=0.5)
+    pool = ThreadPoolExecutor(1)
+    reports = []
+    pulls = StepDrivenPulls(cons, lambda req, job, res: reports.append((req, res)), pool,
+                            inline_read_max_bytes=1 << 20)
+    address = ("127.0.0.1", 32500)
+
+    def job(tid, local):
+        return RecvJob(tid, address, "producer", [local])
+
+    def run_until(n_reports, steps=5000):
+        for _ in range(steps):  # an engine loop: connector calls every ~1 ms, bounded
+            pulls.advance()
+            prod.serve_pending()
+            if len(reports) >= n_reports and not pulls.waiting():
+                return
+            time.sleep(0.001)
+        raise TimeoutError(f"{len(reports)} of {n_reports} pulls reported")
+
+    def run_steps(steps):
+        for _ in range(steps):
+            pulls.advance()
+            prod.serve_pending()
+            time.sleep(0.001)
+
+    def same(local, remote):
+        return all(torch.equal(c_layers[n][local], p_layers[n][remote]) for n in c_layers)
+
+    # Two pulls to a peer never met (two handshakes in flight), both claimed before the prefill holds anything.
+    pulls.add("a", job("ta", [0, 1, 2]), address)
+    pulls.add("b", job("tb", [5, 6]), address)
+    run_steps(20)
+    out["waiting_before_hold"] = pulls.waiting()
+    prod.hold("ta", "req-a", [[10, 11, 12]])
+    prod.hold("tb", "req-b", [[20, 21]])
+    run_until(2)
+    out["early_claims"] = {req: [res.ok, res.error] for req, res in reports}
+    out["early_bytes_equal"] = same([0, 1, 2], [10, 11, 12]) and same([5, 6], [20, 21])
+    out["inline_reads"] = pulls.inline_reads
+    run_steps(50)
+    out["released_after_done"] = sorted(prod.take_finished_sends())
+
+    # Over the inline size: the read goes to the thread and still lands.
+    reports.clear()
+    pulls.inline_read_max_bytes = 0
+    prod.hold("tc", "req-c", [[30, 31, 32, 33]])
+    pulls.add("c", job("tc", [40, 41, 42, 43]), address)
+    run_until(1)
+    out["background"] = [reports[0][1].ok, pulls.background_reads, same([40, 41, 42, 43], [30, 31, 32, 33])]
+
+    # Held past abort_timeout_s before the decode came: expired, reported as a failure, once.
+    reports.clear()
+    prod.hold("td", "req-d", [[50]])
+    time.sleep(0.4)
+    prod.take_finished_sends()
+    pulls.add("d", job("td", [60]), address)
+    run_until(1)
+    out["expired"] = [len(reports), reports[0][1].ok, reports[0][1].error]
+
+    # Nobody at the address: the handshake times out (handshake_timeout_s), reported, no hang.
+    reports.clear()
+    dead = ("127.0.0.1", 32700)
+    pulls.add("e", RecvJob("te", dead, "nobody", [[1]]), dead)
+    start = time.monotonic()
+    run_until(1)
+    out["dead_peer"] = [reports[0][1].ok, reports[0][1].error, time.monotonic() - start]
+    print(json.dumps(out), flush=True)
+    pulls.close()
+    pool.shutdown()
+    cons.close()
+    prod.close()
+
+
 if __name__ == "__main__":
-    {"pull": pull_mode, "broken": broken_mode}[sys.argv[1]]()
+    {"pull": pull_mode, "broken": broken_mode, "steps": steps_mode}[sys.argv[1]]()

@@ -43,3 +43,16 @@ def test_failed_batch_marks_peer_broken(netns):
     assert not r["second_ok"] and "broken" in r["second_error"] and "not retrying" in r["second_error"]
     assert r["second_s"] < 2
     assert r["released"] == ["req1", "req2"]  # the consumer released both transfers it gave up on
+
+
+def test_step_driven_pulls_wait_for_the_hold_read_inline_or_on_the_thread_and_fail_cleanly(netns):
+    r = _run(netns, "steps")
+    assert r["waiting_before_hold"] == 2  # claimed before the prefill held anything: parked, not failed
+    assert r["early_claims"] == {"a": [True, None], "b": [True, None]}
+    assert r["early_bytes_equal"] and r["inline_reads"] == 2
+    assert r["released_after_done"] == ["req-a", "req-b"]
+    assert r["background"] == [True, 1, True]
+    count, ok, error = r["expired"]
+    assert count == 1 and not ok and "expired" in error
+    ok, error, seconds = r["dead_peer"]
+    assert not ok and "SideChannelTimeout" in error and seconds < 5
