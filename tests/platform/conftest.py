@@ -68,7 +68,7 @@ class EngineRuns:
             lines = [line for line in out_path.read_text().splitlines() if line.startswith("{")]
             if not lines:
                 pytest.fail(f"engine {name} printed no JSON; log: {log_path}")
-            self.results[name] = json.loads(lines[-1])
+            self.results[name] = json.loads(lines[-1]) | {"_log": log_path.read_text()}
         return self.results[name]
 
     @staticmethod

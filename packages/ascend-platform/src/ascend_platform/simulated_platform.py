@@ -11,9 +11,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+import torch
 from vllm.platforms.cpu import CpuPlatform
 
 from ascend_platform.npu_platform import AscendPlatformBase, ascend_config_of
+from ascend_platform.patches import REGISTRY
 from ascend_platform.plugin_config import AscendConfig, AscendConfigError
 
 if TYPE_CHECKING:
@@ -45,3 +47,21 @@ class SimulatedNPUPlatform(AscendPlatformBase, CpuPlatform):
             raise AscendConfigError("Invalid Ascend additional_config: bad value 'npu' for key 'kernel_backend' "
                                     "(the simulated lane has no NPU; allowed: 'auto', 'reference')")
         return "reference"
+
+
+def _nothing_to_empty() -> None:
+    return None
+
+
+def _install_shutdown_shims() -> None:
+    """See the `simulated.accelerator_*` patches. Installed when vLLM resolves this platform, which every process
+    that reaches vLLM's shutdown cleanup has done (the engine core calls `current_platform` there)."""
+    if torch.accelerator.is_available():
+        return
+    for name in ("simulated.accelerator_empty_cache", "simulated.accelerator_empty_host_cache"):
+        owner, current = REGISTRY.resolve(name)
+        if current is not _nothing_to_empty:
+            REGISTRY.apply(name, _nothing_to_empty)
+
+
+_install_shutdown_shims()

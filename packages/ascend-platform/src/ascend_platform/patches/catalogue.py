@@ -17,3 +17,23 @@ MRV2_INIT_KV_CACHE = REGISTRY.register(Patch(
     params=("forward_context", "kv_cache_config", "device", "kernel_block_sizes", "vllm_config",
             "kv_cache_allocation_context"),
 ))
+
+_SHUTDOWN_CACHE_REASON = (
+    "vLLM's cleanup_dist_env_and_memory empties the accelerator caches at every engine shutdown unless the platform "
+    "is CPU; the simulated lane is a non-CPU (out-of-tree) platform on a CPU-only torch, where the call raises "
+    "'Cannot access accelerator device' and the engine core dies with a traceback. There is no device cache to "
+    "empty; applied only in the simulated lane, and only while torch sees no accelerator."
+)
+SIMULATED_EMPTY_CACHE = REGISTRY.register(Patch(
+    name="simulated.accelerator_empty_cache",
+    target="torch.accelerator:empty_cache",
+    reason=_SHUTDOWN_CACHE_REASON,
+    contract="vllm.distributed.parallel_state.cleanup_dist_env_and_memory() calls torch.accelerator.empty_cache() "
+             "with no arguments when not current_platform.is_cpu().",
+))
+SIMULATED_EMPTY_HOST_CACHE = REGISTRY.register(Patch(
+    name="simulated.accelerator_empty_host_cache",
+    target="torch.accelerator:empty_host_cache",
+    reason=_SHUTDOWN_CACHE_REASON,
+    contract="the same cleanup then calls torch.accelerator.empty_host_cache() with no arguments.",
+))
