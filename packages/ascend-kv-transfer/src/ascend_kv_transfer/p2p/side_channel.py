@@ -26,6 +26,13 @@ class SideChannelTimeout(TimeoutError):
     pass
 
 
+def _connect(ctx: zmq.Context, kind: int, address: tuple[str, int]) -> zmq.Socket:
+    sock = ctx.socket(kind)
+    sock.setsockopt(zmq.LINGER, 0)  # closing must never wait for a peer that is gone
+    sock.connect(f"tcp://{address[0]}:{address[1]}")
+    return sock
+
+
 class Deferred:
     """A handler's "not yet": the server asks again on each pass for up to `wait_s`, then sends `otherwise`."""
 
@@ -143,10 +150,7 @@ class SideChannelClient:
     def request(self, address: tuple[str, int], message: schema.Message) -> schema.AnyMessage:
         sock = self._socks.get(address)
         if sock is None:
-            sock = self._ctx.socket(zmq.REQ)
-            sock.setsockopt(zmq.LINGER, 0)
-            sock.connect(f"tcp://{address[0]}:{address[1]}")
-            self._socks[address] = sock
+            sock = self._socks[address] = _connect(self._ctx, zmq.REQ, address)
         try:
             sock.send(schema.encode(message))
             if not sock.poll(self._timeout_ms, zmq.POLLIN):
@@ -205,10 +209,7 @@ class AsyncSideChannelClient:
         pending = PendingReply(message)
         sock = self._socks.get(address)
         if sock is None:
-            sock = self._ctx.socket(zmq.DEALER)
-            sock.setsockopt(zmq.LINGER, 0)
-            sock.connect(f"tcp://{address[0]}:{address[1]}")
-            self._socks[address] = sock
+            sock = self._socks[address] = _connect(self._ctx, zmq.DEALER, address)
             self._inflight[address] = {}
         self._next_id += 1
         rid = self._next_id.to_bytes(8, "little")
