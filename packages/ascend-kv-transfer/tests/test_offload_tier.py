@@ -73,3 +73,18 @@ def test_separate_layer_buffers_copy_per_layer_and_run():
     tier.load([0, 1, 3], [0, 1, 2])
     for k, t in caches.items():
         assert torch.equal(t[0:2], ref[k][4:6]) and torch.equal(t[2], ref[k][0])
+
+
+def test_block_major_layers_move_page_by_page():
+    """Layers interleaved per block (a block holds every layer's page): a run is not one piece per layer."""
+    torch.manual_seed(1)
+    raw = torch.randn(8, 3, 32)  # [blocks, layers, page floats]
+    caches = {f"l{i}": raw[:, i] for i in range(3)}
+    assert caches["l0"].stride(0) == 3 * 32
+    before = raw.clone()
+    tier = HostTier(caches, num_slots=4)
+    assert tier.store([0, 1, 2], [5, 6, 7]) == 3 * 3 * 32 * 4
+    raw.zero_()
+    tier.load([0, 1, 2], [1, 2, 3])
+    assert torch.equal(raw[1:4], before[5:8])
+    assert raw[0].eq(0).all() and raw[4:].eq(0).all()

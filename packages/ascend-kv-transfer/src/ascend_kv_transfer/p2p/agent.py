@@ -11,7 +11,6 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ascend_kv_transfer.kv_regions import KVRegions
@@ -205,9 +204,11 @@ class MooncakeAgent:
         """After a failure: the next transfer handshakes again (the peer may have restarted with a new layout)."""
         self._peers.pop(address, None)
 
-    def pull(self, address: tuple[str, int], transfer_id: str, local_block_ids: list[list[int]],
-             on_landed: Callable[[PullResult], None] | None = None) -> PullResult:
-        """Fetch the transfer's blocks into `local_block_ids` (per group; the tail of the peer's blocks)."""
+    def pull(self, address: tuple[str, int], transfer_id: str, local_block_ids: list[list[int]]) -> PullResult:
+        """Fetch the transfer's blocks into `local_block_ids` (per group; the tail of the peer's blocks), blocking.
+
+        For tools, benchmarks and tests; a decode engine pulls through `p2p.step_pulls`, which never blocks.
+        """
         start = time.perf_counter()
         result = PullResult(transfer_id, ok=False)
         claimed = False
@@ -223,8 +224,6 @@ class MooncakeAgent:
             result.nbytes = entries.nbytes
             result.blocks = sum(len(ids) for ids in local_block_ids)
             result.ok = True
-            if on_landed is not None:  # the KV is in place: let the engine go on before the DONE round trip
-                on_landed(result)
             self._side_channel().request(address, schema.DoneNotice(transfer_id=transfer_id, ok=True))
         except Exception as e:
             if result.ok:  # only the DONE notice failed: the blocks landed; the prefill side frees them on timeout
