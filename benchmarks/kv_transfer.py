@@ -238,7 +238,7 @@ def run_two_engines(ns, kind: str, model: str, ids_list: list[list[int]], logdir
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--requests", type=int, default=12, help="decode requests per connector (first is warm-up)")
+    parser.add_argument("--requests", type=int, default=24, help="decode requests per connector (first is warm-up)")
     parser.add_argument("--skip-engines", action="store_true", help="only the synthetic and offload parts")
     parser.add_argument("--synthetic-producer", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--synthetic-consumer", action="store_true", help=argparse.SUPPRESS)
