@@ -66,7 +66,7 @@ class SideChannelServer:
         self._handler = handler
         self._lock = threading.Lock()
         self._fd = self._sock.getsockopt(zmq.FD)
-        # Requests whose handler deferred the answer: (envelope frames, message, deadline), asked again each pass.
+        # Requests whose handler deferred the answer: (envelope frames, message, arrival time), asked again each pass.
         self._parked: list[tuple[list[bytes], schema.AnyMessage, float]] = []
         self.answered_by_engine = 0
         self._stop = threading.Event()
