@@ -254,7 +254,7 @@ def main() -> int:
     if args.engine_host:
         return engine_host_with_shim(args.engine_host[0])
 
-    from ascend_kv_transfer.engine_harness.netns import LoopbackNamespace
+    from ascend_testkit.netns import LoopbackNamespace
 
     result: dict = {}
     with tempfile.TemporaryDirectory(prefix="kv-transfer-bench-") as tmp, LoopbackNamespace() as ns:
@@ -268,7 +268,7 @@ def main() -> int:
         if not args.skip_engines:
             from transformers import AutoTokenizer
 
-            from ascend_core.tiny_model import cached_tiny_llama, prompt_of_length
+            from ascend_testkit.models.tiny_llama import cached_tiny_llama, prompt_of_length
 
             model = str(cached_tiny_llama())
             tok = AutoTokenizer.from_pretrained(model)

@@ -40,9 +40,9 @@ def main() -> int:
     parser.add_argument("--methods", default="draft_model,eagle,dflash")
     args = parser.parse_args()
 
-    from ascend_core.tiny_model import cached_tiny_llama, prompt_of_length
-    from ascend_specdecode import draft_checkpoints as dc
     from ascend_specdecode.measure import run_in_subprocess
+    from ascend_testkit.models import drafts as dc
+    from ascend_testkit.models.tiny_llama import cached_tiny_llama, prompt_of_length
 
     lane = "simulated-npu" if os.environ.get("ASCEND_VLLM_SIMULATE") == "1" else "vllm-cpu"
     with tempfile.TemporaryDirectory(prefix="specdecode-bench-") as tmp:

@@ -37,7 +37,7 @@ def child(lane: str, model: str, max_tokens: int) -> dict:
     from vllm import LLM, SamplingParams
 
     import_s = time.perf_counter() - t_import
-    from ascend_core.tiny_model import prompt_of_length
+    from ascend_testkit.models.tiny_llama import prompt_of_length
 
     t0 = time.perf_counter()
     llm = LLM(model=model, **ENGINE)
@@ -107,7 +107,7 @@ def main() -> int:
         Path(args.out).write_text(json.dumps(child(args.child, args.model, args.max_tokens)))
         return 0
 
-    from ascend_core.tiny_model import cached_tiny_llama
+    from ascend_testkit.models.tiny_llama import cached_tiny_llama
 
     model = cached_tiny_llama()
     runs: dict[str, list[dict]] = {"plain": [], "ascend": []}

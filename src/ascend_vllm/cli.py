@@ -1,7 +1,9 @@
 """`ascend-vllm`: one command line for the plugin's tools.
 
 Subcommands live in `ascend_vllm.commands`, one module each, exposing `HELP`, `add_arguments(parser)` and
-`run(args) -> int`; they are discovered, so adding one touches no other file.
+`run(args) -> int`; they are discovered, so adding one touches no other file. Other installed packages add commands
+through the `ascend_vllm.commands` entry-point group (the development-only testkit adds the demos this way, so a
+runtime install carries no demo tooling).
 """
 
 from __future__ import annotations
@@ -10,8 +12,11 @@ import argparse
 import importlib
 import pkgutil
 import sys
+from importlib.metadata import entry_points
 
 from ascend_vllm import commands
+
+ENTRY_POINT_GROUP = "ascend_vllm.commands"
 
 
 def _command_modules() -> dict[str, object]:
@@ -19,7 +24,9 @@ def _command_modules() -> dict[str, object]:
     for info in sorted(pkgutil.iter_modules(commands.__path__), key=lambda m: m.name):
         if not info.name.startswith("_"):
             found[info.name.replace("_", "-")] = importlib.import_module(f"{commands.__name__}.{info.name}")
-    return found
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        found.setdefault(ep.name, ep.load())
+    return dict(sorted(found.items()))
 
 
 def build_parser() -> argparse.ArgumentParser:

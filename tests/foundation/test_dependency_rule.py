@@ -27,8 +27,8 @@ def test_our_packages_keep_the_dependency_rule():
 
 
 def _plant_tree(tmp: Path, importer: str, imported: str) -> None:
-    for name in ("ascend_vllm", "ascend_platform", "ascend_kv_transfer", "ascend_specdecode", "ascend_core",
-                 "ascend_kernels"):
+    for name in ("ascend_testkit", "ascend_vllm", "ascend_platform", "ascend_kv_transfer", "ascend_specdecode",
+                 "ascend_core", "ascend_kernels"):
         (tmp / name).mkdir()
         (tmp / name / "__init__.py").write_text("")
     (tmp / importer / "bad.py").write_text(f"import {imported}\n")
@@ -50,3 +50,11 @@ def test_an_upward_import_is_caught(tmp_path):
     result = _lint(tmp_path, pythonpath=str(tmp_path))
     assert result.returncode != 0
     assert "ascend_core.bad -> ascend_platform" in result.stdout
+
+
+def test_a_runtime_import_of_the_testkit_is_caught(tmp_path):
+    # The testkit is development-only: a runtime wheel that imported it would break `pip install` users.
+    _plant_tree(tmp_path, "ascend_kv_transfer", "ascend_testkit")
+    result = _lint(tmp_path, pythonpath=str(tmp_path))
+    assert result.returncode != 0
+    assert "ascend_kv_transfer.bad -> ascend_testkit" in result.stdout

@@ -14,7 +14,7 @@ HERE = Path(__file__).parent
 
 @pytest.fixture(scope="session")
 def model_dir(tmp_path_factory) -> str:
-    from ascend_core.tiny_model import cached_tiny_llama
+    from ascend_testkit.models.tiny_llama import cached_tiny_llama
 
     cache = os.environ.get("ASCEND_VLLM_CACHE")
     root = Path(cache) / "models" if cache else tmp_path_factory.mktemp("models")
@@ -26,7 +26,7 @@ def token_ids(model_dir):
     """`token_ids(n, offset)`: a prompt of exactly n token ids (distinct offsets give distinct prompts)."""
     from transformers import AutoTokenizer
 
-    from ascend_core.tiny_model import prompt_of_length
+    from ascend_testkit.models.tiny_llama import prompt_of_length
 
     tok = AutoTokenizer.from_pretrained(model_dir)
 
@@ -40,7 +40,7 @@ def token_ids(model_dir):
 
 @pytest.fixture(scope="session")
 def netns():
-    from ascend_kv_transfer.engine_harness.netns import LoopbackNamespace, NetnsUnavailableError
+    from ascend_testkit.netns import LoopbackNamespace, NetnsUnavailableError
 
     try:
         ns = LoopbackNamespace()

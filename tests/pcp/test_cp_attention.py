@@ -1,6 +1,6 @@
 """Context-parallel prefill attention across two real processes (gloo on 127.0.0.1) equals single-process attention.
 
-Both ranks run cp_attention_worker.py: vLLM's distributed environment with a PCP group of 2, Ascend's PCP manager
+Both ranks run ascend_testkit.cp_step_driver: vLLM's distributed environment with a PCP group of 2, Ascend's PCP manager
 partitioning prefills of several lengths (divisible, uneven, 1-3 tokens, past the largest capture size, and the
 seed regression of 151 real local tokens against a 76-token descriptor), attention over all-gathered KV shards
 merged by log-sum-exp, and the global order restored through vLLM's PCP all-gather.
@@ -14,11 +14,10 @@ import socket
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
-WORKER = Path(__file__).with_name("cp_attention_worker.py")
+DRIVER = "ascend_testkit.cp_step_driver"
 TIMEOUT_S = 420  # the vLLM import alone takes 10-60 s on a loaded 2-core machine
 
 
@@ -38,7 +37,7 @@ def reports(tmp_path_factory) -> list[dict]:
     start = time.perf_counter()
     procs = [
         subprocess.Popen(
-            [sys.executable, str(WORKER), str(r), "2", str(port), str(outs[r])],
+            [sys.executable, "-m", DRIVER, str(r), "2", str(port), str(outs[r])],
             env=env,
             stdout=logs[r],
             stderr=subprocess.STDOUT,

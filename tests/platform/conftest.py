@@ -2,7 +2,7 @@
 
 `engine_runs` starts every engine the suite needs at once (they overlap their ~30-45 s start-ups) through
 `engine_driver.py` and hands back each one's JSON. Environment: offline HF hub, 1 GiB KV space, a private vLLM
-cache root, the tiny peaked Llama from `ascend_core.tiny_model`.
+cache root, the tiny peaked Llama from `ascend_testkit.models.tiny_llama`.
 """
 
 from __future__ import annotations
@@ -85,7 +85,7 @@ class EngineRuns:
 
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory) -> Path:
-    from ascend_core.tiny_model import cached_tiny_llama
+    from ascend_testkit.models.tiny_llama import cached_tiny_llama
 
     root = Path(os.environ.get("ASCEND_VLLM_CACHE") or tmp_path_factory.mktemp("cache"))
     return cached_tiny_llama(cache_dir=root / "models")  # the demo's --cache-dir is `root`
@@ -93,7 +93,7 @@ def tiny_model(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def prompts() -> list[str]:
-    from ascend_core.tiny_model import prompt_of_length
+    from ascend_testkit.models.tiny_llama import prompt_of_length
 
     return [prompt_of_length(n, offset=3 * n) for n in PROMPT_LENGTHS]
 

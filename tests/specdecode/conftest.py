@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from ascend_core.tiny_model import cached_tiny_llama, prompt_of_length
+from ascend_testkit.models.tiny_llama import cached_tiny_llama, prompt_of_length
 
 K = 3
 WINDOW = 4
@@ -63,7 +63,7 @@ def specdecode_cache(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def draft_models(specdecode_cache) -> dict[str, str]:
     """The target (an EAGLE-compatible tiny Llama, see draft_checkpoints) and one draft per case."""
-    from ascend_specdecode import draft_checkpoints as dc
+    from ascend_testkit.models import drafts as dc
 
     base = cached_tiny_llama(cache_dir=specdecode_cache)
     target = dc.eagle_compatible_target(base, sliding_window=WINDOW)

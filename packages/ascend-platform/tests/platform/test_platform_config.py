@@ -9,7 +9,7 @@ import pytest
 
 @pytest.fixture(scope="module")
 def tiny_model(tmp_path_factory):
-    from ascend_core.tiny_model import cached_tiny_llama
+    from ascend_testkit.models.tiny_llama import cached_tiny_llama
 
     cache = os.environ.get("ASCEND_VLLM_CACHE")
     return cached_tiny_llama(cache_dir=f"{cache}/models" if cache else tmp_path_factory.mktemp("models"))

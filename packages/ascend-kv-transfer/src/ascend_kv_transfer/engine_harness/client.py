@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ascend_kv_transfer.engine_harness.netns import LoopbackNamespace
+from ascend_testkit.netns import LoopbackNamespace
 
 
 class EngineHostError(RuntimeError):

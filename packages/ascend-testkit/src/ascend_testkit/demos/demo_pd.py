@@ -34,9 +34,9 @@ def _kv(role: str, port: int) -> dict:
 def run(args: argparse.Namespace) -> int:
     from transformers import AutoTokenizer
 
-    from ascend_core.tiny_model import cached_tiny_llama, prompt_of_length
     from ascend_kv_transfer.engine_harness.client import EngineProcess, engine_env
-    from ascend_kv_transfer.engine_harness.netns import LoopbackNamespace
+    from ascend_testkit.models.tiny_llama import cached_tiny_llama, prompt_of_length
+    from ascend_testkit.netns import LoopbackNamespace
 
     model = args.model or str(cached_tiny_llama())
     tok = AutoTokenizer.from_pretrained(model)

@@ -30,7 +30,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _prompts(n: int) -> list[str]:
-    from ascend_core.tiny_model import prompt_of_length
+    from ascend_testkit.models.tiny_llama import prompt_of_length
 
     lengths = [5, 31, 33, 70, 100, 12, 47, 90]
     return [prompt_of_length(lengths[i % len(lengths)], offset=11 * i) for i in range(n)]
@@ -44,7 +44,7 @@ def run(args: argparse.Namespace) -> int:
     os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "1" if args.runner == "v2" else "0"
     from pathlib import Path
 
-    from ascend_core.tiny_model import cached_tiny_llama
+    from ascend_testkit.models.tiny_llama import cached_tiny_llama
 
     t0 = time.perf_counter()
     model = cached_tiny_llama(cache_dir=Path(args.cache_dir) / "models" if args.cache_dir else None)

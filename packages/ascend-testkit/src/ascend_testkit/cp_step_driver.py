@@ -6,7 +6,7 @@ local tokens, runs context-parallel attention (all-gathered KV shards, log-sum-e
 token order through the manager's `restore_for_sampling` (vLLM's PCP group all-gather). Rank 0 compares with
 single-process causal attention and writes a JSON report; both ranks check token coverage and buffer addresses.
 
-Usage: python cp_attention_worker.py RANK WORLD PORT OUT_JSON
+Usage: python -m ascend_testkit.cp_step_driver RANK WORLD PORT OUT_JSON
 """
 
 from __future__ import annotations
