@@ -1,0 +1,23 @@
+"""vLLM's `check_logprobs_close` rule, on the harness's output rows ({token_ids, logprobs: [{token: logprob}]})."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+
+def check_logprobs_close(ours: Sequence[Mapping[str, Any]], theirs: Sequence[Mapping[str, Any]], *,
+                         name_0: str = "ours", name_1: str = "reference") -> None:
+    """Identical tokens, or at the first divergence each side's token is in the other's top-k logprobs (after
+    which the sequences are not compared further), as vLLM's own model tests decide."""
+    assert len(ours) == len(theirs), f"{name_0} has {len(ours)} outputs, {name_1} {len(theirs)}"
+    for i, (a, b) in enumerate(zip(ours, theirs, strict=True)):
+        for pos, (ta, tb) in enumerate(zip(a["token_ids"], b["token_ids"], strict=False)):
+            if ta == tb:
+                continue
+            top_a, top_b = a["logprobs"][pos], b["logprobs"][pos]
+            assert str(ta) in top_b, f"prompt {i} pos {pos}: {name_0} token {ta} not in {name_1} top-k {top_b}"
+            assert str(tb) in top_a, f"prompt {i} pos {pos}: {name_1} token {tb} not in {name_0} top-k {top_a}"
+            break
+        else:
+            assert len(a["token_ids"]) == len(b["token_ids"]), f"prompt {i}: lengths differ"

@@ -1,0 +1,41 @@
+"""The environment of an engine host process: offline, small KV space, its own caches, pinned cores, its lane."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+
+from ascend_testkit.reach.collect import reach_env
+
+LANES = ("simulated", "cpu")
+# Set by vLLM or by us for every engine host; a caller's `extra` wins.
+_BASE = {
+    "HF_HUB_OFFLINE": "1",
+    "TOKENIZERS_PARALLELISM": "false",
+    # The engine core runs inside the host so tests can read the scheduler and the connectors.
+    "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+    # collective_rpc ships the testkit's probe functions to multi-rank workers by pickling them.
+    "VLLM_ALLOW_INSECURE_SERIALIZATION": "1",
+}
+
+
+def engine_env(lane: str, cache_root: str | os.PathLike, *, cpus: str | int | None = None,
+               extra: Mapping[str, str] | None = None, base: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The environment for a host of `lane` ("simulated" or "cpu") with its own vLLM cache under `cache_root`.
+
+    `cpus` pins the engine's OpenMP threads (`VLLM_CPU_OMP_THREADS_BIND`: "0", "1", "0|1" for two ranks).
+    """
+    if lane not in LANES:
+        raise ValueError(f"unknown engine lane {lane!r} (known: {', '.join(LANES)})")
+    env = dict(os.environ if base is None else base)
+    env.update(_BASE)
+    env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    env["VLLM_CACHE_ROOT"] = str(cache_root)
+    env.pop("ASCEND_VLLM_SIMULATE", None)
+    if lane == "simulated":
+        env["ASCEND_VLLM_SIMULATE"] = "1"
+    if cpus is not None:
+        env["VLLM_CPU_OMP_THREADS_BIND"] = str(cpus)
+    env.update(reach_env())
+    env.update(extra or {})
+    return env

@@ -1,0 +1,246 @@
+"""One engine at a time inside a host process: build it as `LLM(...)` does, drive it, tear it down.
+
+Every method returns plain JSON-able data; `ascend_testkit.engine.host` maps pipe commands onto them.
+"""
+
+from __future__ import annotations
+
+import gc
+import importlib
+import os
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+# vLLM's spec-decode and step metrics this session reads (see `metrics_mark` / `acceptance`).
+STEP_HISTOGRAM = "vllm:iteration_tokens_total"
+
+
+class NoEngineError(RuntimeError):
+    pass
+
+
+def _outputs(request_outputs: Sequence[Any]) -> list[dict[str, Any]]:
+    rows = []
+    for r in request_outputs:
+        out = r.outputs[0]
+        logprobs = [{str(tok): lp.logprob for tok, lp in step.items()} for step in (out.logprobs or [])]
+        rows.append({"id": r.request_id, "token_ids": list(out.token_ids), "text": out.text, "logprobs": logprobs,
+                     "finish_reason": out.finish_reason, "num_cached_tokens": r.num_cached_tokens,
+                     "kv_transfer_params": r.kv_transfer_params})
+    return rows
+
+
+def _resolve(path: str) -> Any:
+    """'package.module:attr.attr' -> the object (probe functions shipped to workers by collective_rpc)."""
+    module, _, attr = path.partition(":")
+    obj: Any = importlib.import_module(module)
+    for part in attr.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+class EngineSession:
+    def __init__(self) -> None:
+        self.llm: Any = None
+        self.spec: dict[str, Any] = {}
+        self.pending: dict[str, dict[str, Any]] = {}
+        self.done: dict[str, dict[str, Any]] = {}
+        self.landed: dict[str, float] = {}
+        self._mark: list[Any] | None = None
+
+    # ---- life cycle -----------------------------------------------------------------------------------------------
+    def start(self, model: str, engine: Mapping[str, Any] | None = None, env: Mapping[str, str] | None = None,
+              runner: str | None = None) -> dict[str, Any]:
+        """Build `LLM(model, **engine)` after applying `env` (and `runner`: "v1"/"v2" -> VLLM_USE_V2_MODEL_RUNNER)."""
+        if self.llm is not None:
+            raise RuntimeError("an engine is already running in this host; stop it first")
+        for key, value in (env or {}).items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = str(value)
+        if runner is not None:
+            os.environ["VLLM_USE_V2_MODEL_RUNNER"] = {"v1": "0", "v2": "1"}[runner]
+        import vllm.envs
+
+        # The previous engine froze vLLM's environment cache; this one must see the variables set above.
+        vllm.envs.disable_envs_cache()
+        from vllm import LLM
+
+        kwargs = dict(engine or {})
+        t0 = time.perf_counter()
+        self.llm = LLM(model=model, **kwargs)
+        startup_s = time.perf_counter() - t0
+        self.spec = {"model": model, "engine": kwargs, "runner": runner}
+        self._probe_transfer_results()
+        from vllm.platforms import current_platform
+
+        return {"startup_s": startup_s, "platform": type(current_platform).__name__, "pid": os.getpid()}
+
+    def stop(self) -> None:
+        if self.llm is None:
+            return
+        llm, self.llm = self.llm, None
+        self.pending.clear()
+        self.done.clear()
+        self.landed.clear()
+        self._mark = None
+        try:
+            llm.llm_engine.engine_core.shutdown()
+        finally:
+            del llm
+            gc.collect()
+            from vllm.distributed.parallel_state import destroy_distributed_environment, destroy_model_parallel
+
+            destroy_model_parallel()
+            destroy_distributed_environment()
+            gc.collect()
+
+    def _engine(self) -> Any:
+        if self.llm is None:
+            raise NoEngineError("no engine is running in this host (call start first)")
+        return self.llm
+
+    @property
+    def core(self) -> Any:
+        """The in-process `EngineCore` (scheduler, executor)."""
+        return self._engine().llm_engine.engine_core.engine_core
+
+    # ---- generation -----------------------------------------------------------------------------------------------
+    @staticmethod
+    def sampling(params: Mapping[str, Any] | None) -> Any:
+        from vllm import SamplingParams
+
+        params = dict(params or {})
+        params.setdefault("temperature", 0.0)
+        kv = params.pop("kv_transfer_params", None)
+        if kv:
+            params["extra_args"] = {**params.get("extra_args", {}), "kv_transfer_params": kv}
+        return SamplingParams(**params)
+
+    def generate(self, prompts: Sequence[str] | None = None, prompt_token_ids: Sequence[Sequence[int]] | None = None,
+                 sampling: Mapping[str, Any] | None = None, sequential: bool = False) -> dict[str, Any]:
+        """`LLM.generate` over text prompts or token ids; `sequential` runs one request at a time."""
+        llm = self._engine()
+        if (prompts is None) == (prompt_token_ids is None):
+            raise ValueError("give exactly one of prompts or prompt_token_ids")
+        inputs: list[Any] = (list(prompts) if prompts is not None
+                             else [{"prompt_token_ids": list(ids)} for ids in prompt_token_ids or []])
+        params = self.sampling(sampling)
+        t0 = time.perf_counter()
+        if sequential:
+            results = [o for p in inputs for o in llm.generate([p], params, use_tqdm=False)]
+        else:
+            results = llm.generate(inputs, params, use_tqdm=False)
+        return {"outputs": _outputs(results), "seconds": time.perf_counter() - t0}
+
+    def submit(self, requests: Sequence[Mapping[str, Any]]) -> list[str]:
+        """Add requests ({id, prompt | prompt_token_ids, sampling}) without waiting; the host keeps stepping."""
+        engine = self._engine().llm_engine
+        for r in requests:
+            prompt = r["prompt"] if "prompt" in r else {"prompt_token_ids": list(r["prompt_token_ids"])}
+            self.pending[r["id"]] = {"id": r["id"], "t_add": time.time()}
+            engine.add_request(r["id"], prompt, self.sampling(r.get("sampling")))
+        return [r["id"] for r in requests]
+
+    def busy(self) -> bool:
+        return self.llm is not None and self.core.scheduler.has_requests()
+
+    def step(self) -> None:
+        for out in self._engine().llm_engine.step():
+            rec = self.pending.get(out.request_id)
+            if rec is None:
+                continue
+            rec.setdefault("t_first", time.time())
+            if out.finished:
+                rec.update(_outputs([out])[0], t_end=time.time())
+                self.done[out.request_id] = self.pending.pop(out.request_id)
+
+    def collect(self, ids: Sequence[str], timeout: float = 120.0) -> list[dict[str, Any]]:
+        deadline = time.monotonic() + timeout
+        while any(i not in self.done for i in ids):
+            if time.monotonic() > deadline:
+                missing = [i for i in ids if i not in self.done]
+                raise TimeoutError(f"requests {missing} not finished within {timeout} s")
+            self.step()
+        out = [self.done.pop(i) for i in ids]
+        for rec in out:
+            rec["t_landed"] = next((t for k, t in self.landed.items() if k == rec["id"] or k.startswith(rec["id"])),
+                                   None)
+        return out
+
+    # ---- what ran -------------------------------------------------------------------------------------------------
+    def usage(self) -> list[dict[str, Any]]:
+        """Every rank's `ascend_usage()` (the simulated lane's worker)."""
+        return self._engine().collective_rpc("ascend_usage")
+
+    def rpc(self, function: str, args: Sequence[Any] = ()) -> list[Any]:
+        """`collective_rpc` of a testkit probe named 'module:function' (it must be importable in the workers)."""
+        return self._engine().collective_rpc(_resolve(function), args=tuple(args))
+
+    def sleep(self, level: int = 1) -> None:
+        self._engine().sleep(level=level)
+
+    def wake_up(self, tags: Sequence[str] | None = None) -> None:
+        self._engine().wake_up(tags=list(tags) if tags else None)
+
+    def reset_prefix_cache(self) -> bool:
+        return bool(self._engine().reset_prefix_cache())
+
+    def free_blocks(self) -> int:
+        return int(self.core.scheduler.kv_cache_manager.block_pool.get_num_free_blocks())
+
+    def total_blocks(self) -> int:
+        return int(self.core.scheduler.kv_cache_manager.block_pool.num_gpu_blocks)
+
+    # ---- metrics --------------------------------------------------------------------------------------------------
+    def metrics_mark(self) -> None:
+        """Remember the metrics now; `acceptance` and `engine_steps` report what happened since."""
+        self._mark = self._engine().get_metrics()
+
+    def acceptance(self, k: int | None = None) -> dict[str, Any]:
+        from ascend_specdecode.metrics import acceptance_from_metrics
+
+        now = acceptance_from_metrics(self._engine().get_metrics(), k)
+        return (now.minus(acceptance_from_metrics(self._mark, k)) if self._mark is not None else now).as_dict()
+
+    def engine_steps(self) -> int:
+        """Engine steps since the mark (every step runs the target model once)."""
+        def steps(metrics: Sequence[Any]) -> int:
+            return sum(int(m.count) for m in metrics if m.name == STEP_HISTOGRAM)
+
+        return steps(self._engine().get_metrics()) - (steps(self._mark) if self._mark is not None else 0)
+
+    # ---- KV connectors --------------------------------------------------------------------------------------------
+    @staticmethod
+    def _worker_connector() -> Any:
+        from vllm.distributed.kv_transfer import get_kv_transfer_group, has_kv_transfer_group
+
+        return get_kv_transfer_group() if has_kv_transfer_group() else None
+
+    def _probe_transfer_results(self) -> None:
+        """Note when each request's KV is reported landed (the same probe for every connector)."""
+        connector = self._worker_connector()
+        if connector is None or not hasattr(connector, "get_transfer_results"):
+            return
+        inner = connector.get_transfer_results
+
+        def probed(finished_req_ids):
+            results = inner(finished_req_ids)
+            now = time.time()
+            for req_id in results.finished_recving:
+                self.landed.setdefault(req_id, now)
+            return results
+
+        connector.get_transfer_results = probed
+
+    def stats(self) -> dict[str, Any]:
+        """The scheduler's and the worker's connector counters (`connector_stats()`), and the free blocks."""
+        out: dict[str, Any] = {}
+        for name, conn in (("scheduler", getattr(self.core.scheduler, "connector", None)),
+                           ("worker", self._worker_connector())):
+            if conn is not None and hasattr(conn, "connector_stats"):
+                out[name] = conn.connector_stats()
+        out["free_blocks"] = self.free_blocks()
+        return out
