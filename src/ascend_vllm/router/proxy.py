@@ -1,0 +1,201 @@
+"""One disaggregated request: prefill on one server, decode on another, the decode answer relayed as it comes.
+
+The kv_transfer_params convention is `AscendMooncakeConnector`'s (and vLLM's own disaggregation proxies'): the
+prefill request carries `{"do_remote_decode": true, "transfer_id": ...}` with `max_tokens=1`, non-streamed; the
+params its response returns go on the decode request unchanged. A prefill that returns no params (a server without a
+`kv_producer` connector, or a first token that ended the answer) makes the decode server compute the prompt itself.
+
+Failures: a server that refuses the connection never saw the request, so it is taken out and the next server of
+its role is tried; any other failure answers 502 (504 for a timeout) naming the server, and asks the health checker
+to look at it now. An upstream's 4xx (the request's own fault) is returned unchanged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import AsyncIterator
+
+import aiohttp
+
+from ascend_vllm.router.config import RouterConfig
+from ascend_vllm.router.errors import PassThrough, RouterError, sse_error
+from ascend_vllm.router.health import HealthChecker, describe
+from ascend_vllm.router.pool import Lease, ServerPool
+
+logger = logging.getLogger(__name__)
+
+_JSON = "application/json"
+
+
+def prefill_payload(body: dict, transfer_id: str) -> dict:
+    """The request as the prefill server gets it: one token, not streamed, asking to hold the KV for a decode."""
+    payload = dict(body)
+    payload["max_tokens"] = 1
+    if "max_completion_tokens" in payload:
+        payload["max_completion_tokens"] = 1
+    payload["stream"] = False
+    for key in ("stream_options", "min_tokens"):
+        payload.pop(key, None)
+    payload["kv_transfer_params"] = {"do_remote_decode": True, "transfer_id": transfer_id}
+    return payload
+
+
+def decode_payload(body: dict, kv_transfer_params: dict | None) -> dict:
+    payload = dict(body)
+    if kv_transfer_params:
+        payload["kv_transfer_params"] = kv_transfer_params
+    else:
+        payload.pop("kv_transfer_params", None)
+    return payload
+
+
+def _snippet(raw: bytes, limit: int = 300) -> str:
+    text = raw[:limit].decode(errors="replace").strip()
+    return text + (" …" if len(raw) > limit else "")
+
+
+class DisaggregatedProxy:
+    def __init__(self, config: RouterConfig, session: aiohttp.ClientSession, prefill: ServerPool,
+                 decode: ServerPool, health: HealthChecker):
+        self.config = config
+        self.session = session
+        self.prefill_pool = prefill
+        self.decode_pool = decode
+        self.health = health
+        self._prefill_timeout = aiohttp.ClientTimeout(total=config.prefill_timeout_s,
+                                                      connect=config.connect_timeout_s)
+        self._decode_timeout = aiohttp.ClientTimeout(total=config.decode_timeout_s, connect=config.connect_timeout_s,
+                                                     sock_read=config.read_timeout_s)
+        self._warned_no_params: set[str] = set()
+
+    def _failed(self, pool: ServerPool, lease: Lease, reason: str, *, take_out: bool) -> None:
+        lease.release(ok=False)
+        if take_out:
+            pool.set_health(lease.upstream, False, reason)
+        self.health.check_soon(pool, lease.upstream)
+
+    def _lease(self, pool: ServerPool, tried: dict[str, str]) -> Lease:
+        lease = pool.lease(exclude=set(tried))
+        if lease is not None:
+            return lease
+        if tried:
+            failures = "; ".join(f"{url}: {why}" for url, why in tried.items())
+            raise RouterError(502, f"{pool.role} failed on every server tried ({failures})", next(iter(tried)))
+        raise RouterError(503, pool.unavailable_reason())
+
+    async def prefill(self, path: str, body: dict, headers: dict, transfer_id: str) -> tuple[str, dict | None]:
+        """Run the prefill; returns (server URL, the kv_transfer_params for the decode server or None)."""
+        if not self.decode_pool.healthy():  # no prefill (and KV held for nobody) when no decode server can follow
+            raise RouterError(503, self.decode_pool.unavailable_reason())
+        data = json.dumps(prefill_payload(body, transfer_id)).encode()
+        tried: dict[str, str] = {}
+        while True:
+            lease = self._lease(self.prefill_pool, tried)
+            url = lease.upstream.url
+            try:
+                async with self.session.post(url + path, data=data, headers=headers,
+                                             timeout=self._prefill_timeout) as resp:
+                    status, raw, ctype = resp.status, await resp.read(), resp.content_type
+            except aiohttp.ClientConnectorError as exc:
+                tried[url] = f"connection failed ({describe(exc)})"
+                self._failed(self.prefill_pool, lease, tried[url], take_out=True)
+                continue
+            except asyncio.TimeoutError:
+                self._failed(self.prefill_pool, lease, "timeout", take_out=False)
+                raise RouterError(504, f"prefill server {url} did not answer within "
+                                       f"{self.config.prefill_timeout_s:g} s", url) from None
+            except aiohttp.ClientError as exc:
+                self._failed(self.prefill_pool, lease, describe(exc), take_out=True)
+                raise RouterError(502, f"prefill server {url} failed: {describe(exc)}", url) from None
+            if status != 200:
+                lease.release(ok=False)
+                if 400 <= status < 500:
+                    raise PassThrough(status, raw, ctype, url)
+                raise RouterError(502, f"prefill server {url} answered {status}: {_snippet(raw)}", url)
+            lease.release(ok=True)
+            try:
+                params = json.loads(raw).get("kv_transfer_params")
+            except (ValueError, AttributeError):
+                raise RouterError(502, f"prefill server {url} answered 200 without a JSON object: "
+                                       f"{_snippet(raw)}", url) from None
+            if not params and url not in self._warned_no_params:
+                self._warned_no_params.add(url)
+                logger.warning("prefill server %s returned no kv_transfer_params (is it started with a kv_producer "
+                               "--kv-transfer-config?); decode servers will compute such prompts themselves", url)
+            return url, params or None
+
+    async def open_decode(self, path: str, body: dict, headers: dict) -> tuple[Lease, aiohttp.ClientResponse]:
+        """Send the decode request; returns its lease and the response, status 200, body not read yet."""
+        data = json.dumps(body).encode()
+        tried: dict[str, str] = {}
+        while True:
+            lease = self._lease(self.decode_pool, tried)
+            url = lease.upstream.url
+            try:
+                resp = await self.session.post(url + path, data=data, headers=headers, timeout=self._decode_timeout)
+            except aiohttp.ClientConnectorError as exc:
+                tried[url] = f"connection failed ({describe(exc)})"
+                self._failed(self.decode_pool, lease, tried[url], take_out=True)
+                continue
+            except asyncio.TimeoutError:
+                self._failed(self.decode_pool, lease, "timeout", take_out=False)
+                raise RouterError(504, f"decode server {url} sent no answer within "
+                                       f"{self.config.read_timeout_s:g} s", url) from None
+            except aiohttp.ClientError as exc:
+                self._failed(self.decode_pool, lease, describe(exc), take_out=True)
+                raise RouterError(502, f"decode server {url} failed: {describe(exc)}", url) from None
+            if resp.status == 200:
+                return lease, resp
+            try:
+                raw = await resp.read()
+            except (aiohttp.ClientError, asyncio.TimeoutError):
+                raw = b""
+            finally:
+                resp.release()
+            lease.release(ok=False)
+            if 400 <= resp.status < 500:
+                raise PassThrough(resp.status, raw, resp.content_type, url)
+            raise RouterError(502, f"decode server {url} answered {resp.status}: {_snippet(raw)}", url)
+
+    async def read_all(self, lease: Lease, resp: aiohttp.ClientResponse) -> bytes:
+        """The whole (non-streamed) decode answer."""
+        url = lease.upstream.url
+        try:
+            raw = await resp.read()
+        except asyncio.TimeoutError:
+            resp.close()
+            self._failed(self.decode_pool, lease, "timeout", take_out=False)
+            raise RouterError(504, f"decode server {url} did not finish within its timeout", url) from None
+        except aiohttp.ClientError as exc:
+            resp.close()
+            self._failed(self.decode_pool, lease, describe(exc), take_out=True)
+            raise RouterError(502, f"decode server {url} failed: {describe(exc)}", url) from None
+        resp.release()
+        lease.release(ok=True)
+        return raw
+
+    async def relay(self, lease: Lease, resp: aiohttp.ClientResponse) -> AsyncIterator[bytes]:
+        """The decode server's stream, chunk by chunk as it arrives; a failure mid-stream ends it with an error
+        event (the 200 headers are already sent). Closing the generator early closes the upstream connection, so
+        the decode server aborts the request."""
+        url = lease.upstream.url
+        ok = False
+        try:
+            async for chunk in resp.content.iter_any():
+                yield chunk
+            ok = True
+        except asyncio.TimeoutError:
+            self._failed(self.decode_pool, lease, "timeout", take_out=False)
+            yield sse_error(504, f"decode server {url} sent nothing for {self.config.read_timeout_s:g} s "
+                                 "(or passed the whole-answer bound)")
+        except aiohttp.ClientError as exc:
+            self._failed(self.decode_pool, lease, describe(exc), take_out=True)
+            yield sse_error(502, f"decode server {url} failed mid-stream: {describe(exc)}")
+        finally:
+            if ok:
+                resp.release()
+            else:
+                resp.close()
+            lease.release(ok=ok)
