@@ -15,6 +15,7 @@ CONNECTORS: dict[str, tuple[str, str]] = {
     "AscendMooncakeLayerwiseConnector": ("ascend_kv_transfer.mooncake_layerwise_connector",
                                          "AscendMooncakeLayerwiseConnector"),
     "AscendOffloadingConnector": ("ascend_kv_transfer.offloading_connector", "AscendOffloadingConnector"),
+    "AscendStoreConnector": ("ascend_kv_transfer.store_connector", "AscendStoreConnector"),
 }
 
 _registered: set[str] = set()
