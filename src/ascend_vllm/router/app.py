@@ -133,9 +133,12 @@ async def _disaggregated(request: Request, path: str) -> Response:
         return _RelayResponse(relay, on_close, status_code=200, media_type="text/event-stream", headers=out_headers)
     except RouterError as exc:
         st.counters.failed += 1
+        if exc.server and exc.role:
+            out_headers[f"x-router-{exc.role}"] = exc.server
         return _error(exc, out_headers)
     except PassThrough as exc:
         st.counters.failed += 1
+        out_headers[f"x-router-{exc.role}"] = exc.server
         return Response(exc.body, status_code=exc.status, media_type=exc.content_type, headers=out_headers)
     finally:
         if not handed_over:
@@ -194,9 +197,6 @@ def create_app(config: RouterConfig) -> Starlette:
                                      interval_s=config.health_interval_s, timeout_s=config.health_timeout_s)
         state.proxy = DisaggregatedProxy(config, state.session, state.prefill, state.decode, state.health)
         await state.health.check_all()  # serve knowing who is up (each check is bounded by health_timeout_s)
-        for pool in (state.prefill, state.decode):
-            for u in pool.upstreams:
-                logger.info("%s server %s: %s", pool.role, u.url, "healthy" if u.healthy else u.last_error)
         state.health.start()
         try:
             yield

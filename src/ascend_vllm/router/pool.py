@@ -19,6 +19,7 @@ class Upstream:
     role: str
     # Unknown until the first health check answers; the router waits for that check before it serves.
     healthy: bool = False
+    checked: bool = False
     last_error: str | None = "not checked yet"
     changed_at: float = field(default_factory=time.monotonic)
     outstanding: int = 0
@@ -76,12 +77,15 @@ class ServerPool:
         return Lease(upstream) if upstream is not None else None
 
     def set_health(self, upstream: Upstream, healthy: bool, reason: str | None) -> None:
-        if upstream.healthy != healthy:
+        first = not upstream.checked
+        if upstream.healthy != healthy or first:
             upstream.changed_at = time.monotonic()
             if healthy:
-                logger.info("%s server %s is healthy again", self.role, upstream.url)
+                logger.info("%s server %s is %s", self.role, upstream.url, "healthy" if first else "healthy again")
             else:
-                logger.warning("%s server %s taken out: %s", self.role, upstream.url, reason)
+                logger.warning("%s server %s %s: %s", self.role, upstream.url,
+                               "is not healthy" if first else "taken out", reason)
+        upstream.checked = True
         upstream.healthy = healthy
         upstream.last_error = None if healthy else reason
 

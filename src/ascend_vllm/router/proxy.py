@@ -82,7 +82,8 @@ class DisaggregatedProxy:
             return lease
         if tried:
             failures = "; ".join(f"{url}: {why}" for url, why in tried.items())
-            raise RouterError(502, f"{pool.role} failed on every server tried ({failures})", next(iter(tried)))
+            raise RouterError(502, f"{pool.role} failed on every server tried ({failures})", next(iter(tried)),
+                              pool.role)
         raise RouterError(503, pool.unavailable_reason())
 
     async def prefill(self, path: str, body: dict, headers: dict, transfer_id: str) -> tuple[str, dict | None]:
@@ -105,21 +106,21 @@ class DisaggregatedProxy:
             except asyncio.TimeoutError:
                 self._failed(self.prefill_pool, lease, "timeout", take_out=False)
                 raise RouterError(504, f"prefill server {url} did not answer within "
-                                       f"{self.config.prefill_timeout_s:g} s", url) from None
+                                       f"{self.config.prefill_timeout_s:g} s", url, "prefill") from None
             except aiohttp.ClientError as exc:
                 self._failed(self.prefill_pool, lease, describe(exc), take_out=True)
-                raise RouterError(502, f"prefill server {url} failed: {describe(exc)}", url) from None
+                raise RouterError(502, f"prefill server {url} failed: {describe(exc)}", url, "prefill") from None
             if status != 200:
                 lease.release(ok=False)
                 if 400 <= status < 500:
-                    raise PassThrough(status, raw, ctype, url)
-                raise RouterError(502, f"prefill server {url} answered {status}: {_snippet(raw)}", url)
+                    raise PassThrough(status, raw, ctype, url, "prefill")
+                raise RouterError(502, f"prefill server {url} answered {status}: {_snippet(raw)}", url, "prefill")
             lease.release(ok=True)
             try:
                 params = json.loads(raw).get("kv_transfer_params")
             except (ValueError, AttributeError):
                 raise RouterError(502, f"prefill server {url} answered 200 without a JSON object: "
-                                       f"{_snippet(raw)}", url) from None
+                                       f"{_snippet(raw)}", url, "prefill") from None
             if not params and url not in self._warned_no_params:
                 self._warned_no_params.add(url)
                 logger.warning("prefill server %s returned no kv_transfer_params (is it started with a kv_producer "
@@ -142,10 +143,10 @@ class DisaggregatedProxy:
             except asyncio.TimeoutError:
                 self._failed(self.decode_pool, lease, "timeout", take_out=False)
                 raise RouterError(504, f"decode server {url} sent no answer within "
-                                       f"{self.config.read_timeout_s:g} s", url) from None
+                                       f"{self.config.read_timeout_s:g} s", url, "decode") from None
             except aiohttp.ClientError as exc:
                 self._failed(self.decode_pool, lease, describe(exc), take_out=True)
-                raise RouterError(502, f"decode server {url} failed: {describe(exc)}", url) from None
+                raise RouterError(502, f"decode server {url} failed: {describe(exc)}", url, "decode") from None
             if resp.status == 200:
                 return lease, resp
             try:
@@ -156,8 +157,8 @@ class DisaggregatedProxy:
                 resp.release()
             lease.release(ok=False)
             if 400 <= resp.status < 500:
-                raise PassThrough(resp.status, raw, resp.content_type, url)
-            raise RouterError(502, f"decode server {url} answered {resp.status}: {_snippet(raw)}", url)
+                raise PassThrough(resp.status, raw, resp.content_type, url, "decode")
+            raise RouterError(502, f"decode server {url} answered {resp.status}: {_snippet(raw)}", url, "decode")
 
     async def read_all(self, lease: Lease, resp: aiohttp.ClientResponse) -> bytes:
         """The whole (non-streamed) decode answer."""
@@ -167,11 +168,11 @@ class DisaggregatedProxy:
         except asyncio.TimeoutError:
             resp.close()
             self._failed(self.decode_pool, lease, "timeout", take_out=False)
-            raise RouterError(504, f"decode server {url} did not finish within its timeout", url) from None
+            raise RouterError(504, f"decode server {url} did not finish within its timeout", url, "decode") from None
         except aiohttp.ClientError as exc:
             resp.close()
             self._failed(self.decode_pool, lease, describe(exc), take_out=True)
-            raise RouterError(502, f"decode server {url} failed: {describe(exc)}", url) from None
+            raise RouterError(502, f"decode server {url} failed: {describe(exc)}", url, "decode") from None
         resp.release()
         lease.release(ok=True)
         return raw

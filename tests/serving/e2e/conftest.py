@@ -1,0 +1,113 @@
+"""Servers as users deploy them, shared by the end-to-end serving tests: `ascend-vllm serve` processes on our platform
+in the simulated-NPU lane, and `ascend-vllm router` in front of them, all inside one loopback-only network namespace.
+
+One session starts three engines at once (their start-ups overlap): a prefill server (kv_producer, core 0) that is
+also the single-server reference (a request without kv_transfer_params is served like on any server), and two
+decode servers (kv_consumer, core 1). The router is told about one more prefill server that never runs. Tests that
+kill a server are marked `kills_servers` and run last.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from ascend_testkit.servers import ServerProcess
+
+ROUTER_PORT = 8000
+PREFILL_PORT = 8100
+DEAD_PREFILL_PORT = 8199
+DECODE_PORTS = (8200, 8201)
+SIDE_CHANNEL_PORTS = {"prefill": 30300, "decode0": 30400, "decode1": 30500}
+# Bounds the router runs with here: a failure shows within seconds, a hang within READ_TIMEOUT_S.
+ROUTER_ARGS = ["--health-interval", "1", "--health-timeout", "2", "--read-timeout", "60", "--prefill-timeout", "60",
+               "--log-level", "info"]
+READ_TIMEOUT_S = 60.0
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "kills_servers: kills a shared server; runs after every other serving test")
+
+
+def pytest_collection_modifyitems(config, items):
+    items.sort(key=lambda item: item.get_closest_marker("kills_servers") is not None)
+
+
+@dataclass
+class Serving:
+    netns: object
+    prefill: ServerProcess
+    decodes: list[ServerProcess]
+    router: ServerProcess
+    dead_prefill_url: str
+    read_timeout_s: float = READ_TIMEOUT_S
+
+    def client(self, server: ServerProcess, timeout: float = 120.0):
+        import openai
+
+        return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=timeout)
+
+
+@pytest.fixture(scope="session")
+def model_dir(tmp_path_factory) -> str:
+    from ascend_testkit.models.tiny_llama import cached_tiny_llama
+
+    cache = os.environ.get("ASCEND_VLLM_CACHE")
+    root = Path(cache) / "models" if cache else tmp_path_factory.mktemp("models")
+    return str(cached_tiny_llama(cache_dir=root))
+
+
+@pytest.fixture(scope="session")
+def serving_netns():
+    from ascend_testkit.netns import LoopbackNamespace, NetnsUnavailableError
+
+    try:
+        ns = LoopbackNamespace()
+    except NetnsUnavailableError as e:
+        pytest.skip(f"needs a loopback-only network namespace: {e}")
+    yield ns
+    ns.close()
+
+
+@pytest.fixture(scope="session")
+def serving_session(tmp_path_factory, model_dir, serving_netns) -> Serving:
+    from ascend_testkit.servers import p2p_kv_config, start_router, start_serve
+
+    logs = tmp_path_factory.mktemp("serving")
+    # Development endpoints let a test ask the workers which platform, runner and attention ran (ascend_usage).
+    dev = {"VLLM_SERVER_DEV_MODE": "1"}
+    kv = {"abort_timeout_s": 30.0, "handshake_timeout_s": 2.0, "claim_wait_s": 3.0}
+    started = [start_serve("prefill", model_dir, PREFILL_PORT, log_dir=logs, cpu=0, netns=serving_netns,
+                           env_extra=dev, kv_transfer_config=p2p_kv_config(
+                               "kv_producer", SIDE_CHANNEL_PORTS["prefill"], "prefill", **kv))]
+    for i, port in enumerate(DECODE_PORTS):
+        started.append(start_serve(f"decode{i}", model_dir, port, log_dir=logs, cpu=1, netns=serving_netns,
+                                   env_extra=dev, kv_transfer_config=p2p_kv_config(
+                                       "kv_consumer", SIDE_CHANNEL_PORTS[f"decode{i}"], f"decode{i}", **kv)))
+    try:
+        for server in started:
+            server.wait_healthy()
+        dead = f"http://127.0.0.1:{DEAD_PREFILL_PORT}"
+        router = start_router("router", ROUTER_PORT, prefill=[dead, started[0].url],
+                              decode=[s.url for s in started[1:]], log_dir=logs, netns=serving_netns,
+                              args=ROUTER_ARGS)
+        started.append(router)
+        router.wait_healthy(timeout=60)
+        yield Serving(serving_netns, started[0], started[1:3], router, dead)
+    finally:
+        for server in started:
+            server.close()
+    leftovers = [s.name for s in started if s.alive]
+    assert not leftovers, f"servers still running: {leftovers}"
+
+
+@pytest.fixture
+def serving(serving_session):
+    """The shared servers, with this test's thread inside their namespace (its clients reach 127.0.0.1 there)."""
+    from ascend_testkit.servers import inside
+
+    with inside(serving_session.netns):
+        yield serving_session
