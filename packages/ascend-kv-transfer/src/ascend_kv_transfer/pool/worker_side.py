@@ -87,6 +87,7 @@ class PoolWorker:
         if missing:
             raise ValueError(f"register_kv_caches got no tensor for layers {missing[:4]} of the KV cache config")
         regions = describe_kv_caches(ours, self.num_blocks, self.layer_groups)
+        self._kv_caches = ours  # the store holds raw addresses: keep the memory alive while it is registered
         self.layout = BlockLayout(regions.regions, self.layer_order)
         self._device_type = next(iter(ours.values())).device.type
         self.client.register(regions.storages)

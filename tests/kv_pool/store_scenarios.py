@@ -1,0 +1,253 @@
+"""Scenarios run inside a loopback-only namespace against a real `mooncake_master`, without a vLLM engine.
+
+`python store_scenarios.py <scenario|all> <master port> [<log dir>]`: the pool's scheduler and worker halves (real
+Mooncake Store clients, real vLLM `Request` objects, KV caches as CPU tensors) are driven directly; the last stdout
+line is one JSON object of what happened, for tests/kv_pool/test_store_loopback.py to assert on.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import torch
+
+from ascend_kv_transfer.pool.keys import PoolKeys, RankCoords
+from ascend_kv_transfer.pool.options import parse_store_options
+from ascend_kv_transfer.pool.scheduler_side import PoolScheduler, PoolTransfer
+from ascend_kv_transfer.pool.store_client import StoreClient
+from ascend_kv_transfer.pool.worker_side import PoolWorker
+
+BLOCK = 16  # tokens per block
+NUM_BLOCKS = 192
+LAYERS = ("layers.0", "layers.1")
+PAGE_SHAPE = (2, 8, 1024)  # 64 KiB float32 pages: one object is 128 KiB
+
+
+def start_master(port: int, log: Path, **flags) -> subprocess.Popen:
+    binary = Path(sys.executable).with_name("mooncake_master")
+    argv = [str(binary), f"--rpc_port={port}", "--rpc_address=127.0.0.1", f"--metrics_port={port + 1}",
+            "--metrics_host=127.0.0.1", *[f"--{k}={v}" for k, v in flags.items()]]
+    proc = subprocess.Popen(argv, stdout=open(log, "wb"), stderr=subprocess.STDOUT)  # noqa: SIM115
+    import socket
+
+    deadline = time.monotonic() + 20
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return proc
+        except OSError:
+            if time.monotonic() > deadline or proc.poll() is not None:
+                raise RuntimeError(f"master on {port} did not start (log {log})") from None
+            time.sleep(0.1)
+
+
+def options(port: int, segment: str = "64MiB"):
+    return parse_store_options({"master_server_address": f"127.0.0.1:{port}", "global_segment_size": segment,
+                                "inline_load_max_bytes": 1 << 20})
+
+
+def kv_caches(seed: int) -> dict[str, torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    return {name: torch.rand((NUM_BLOCKS, *PAGE_SHAPE), generator=gen) for name in LAYERS}
+
+
+def make_worker(opts, caches, keys) -> PoolWorker:
+    worker = PoolWorker(client=StoreClient(opts, contribute=True, name="worker"), keys=keys, rank=RankCoords(),
+                        layer_groups=dict.fromkeys(LAYERS, 0), layer_order={0: list(LAYERS)},
+                        num_blocks=NUM_BLOCKS, inline_load_max_bytes=opts.inline_load_max_bytes,
+                        save_wait_timeout_s=30.0)
+    worker.register_kv_caches(caches)
+    return worker
+
+
+def make_scheduler(opts, keys, save_output_blocks=False) -> PoolScheduler:
+    return PoolScheduler(client=StoreClient(opts, contribute=False, name="scheduler"), keys=keys,
+                         ranks=[RankCoords()], groups=[0], block_size=BLOCK, save=True,
+                         save_output_blocks=save_output_blocks)
+
+
+def request(req_id: str, num_tokens: int, offset: int = 0):
+    from vllm import SamplingParams
+    from vllm.v1.request import Request
+
+    return Request(req_id, [(offset + 7 * i) % 997 for i in range(num_tokens)], SamplingParams(max_tokens=8), None)
+
+
+def drain(worker: PoolWorker, want_recv: set[str] = frozenset(), want_send: set[str] = frozenset(),
+          timeout: float = 30.0) -> tuple[set[str], set[str], set[int]]:
+    sent, recv, invalid = set(), set(), set()
+    deadline = time.monotonic() + timeout
+    while not (want_recv <= recv and want_send <= sent):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"recv {recv} / sent {sent} after {timeout} s")
+        s, r = worker.get_finished()
+        sent |= s
+        recv |= r
+        invalid |= worker.take_invalid_blocks()
+        time.sleep(0.01)
+    return sent, recv, invalid
+
+
+def wait_saves(worker: PoolWorker, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while worker.stats_dict()["pending_saves"]:
+        if time.monotonic() > deadline:
+            raise TimeoutError("saves still pending")
+        time.sleep(0.01)
+
+
+def same(a: dict, b: dict, a_ids: list[int], b_ids: list[int]) -> bool:
+    return all(torch.equal(a[n][i], b[n][j]) for n in LAYERS for i, j in zip(a_ids, b_ids, strict=True))
+
+
+# ---- scenarios ---------------------------------------------------------------------------------------------------
+def roundtrip(port: int, log: Path) -> dict:
+    """A saves a request's blocks, the scheduler finds them, B loads them into other blocks: same bytes."""
+    master = start_master(port, log)
+    keys = PoolKeys("test/roundtrip")
+    try:
+        opts = options(port)
+        src, dst = kv_caches(1), kv_caches(2)
+        a, b, sched = make_worker(opts, src, keys), make_worker(opts, dst, keys), make_scheduler(opts, keys)
+        req = request("r1", 8 * BLOCK + 5)
+        assert sched.get_num_new_matched_tokens(req, 0) == (0, False)
+        hashes = sched.hashes.get(req, 8)
+        a.start_saves([PoolTransfer("r1", [list(range(8))], hashes)])
+        wait_saves(a)
+        a.start_saves([PoolTransfer("r1", [list(range(8))], hashes)])  # again: every key is already there
+        wait_saves(a)
+        a.finish_requests(["r1"])
+        sent, _, _ = drain(a, want_send={"r1"})
+        # B: 2 blocks computed locally, the pool has the next 6
+        req2 = request("r2", 8 * BLOCK + 5)
+        tokens, async_load = sched.get_num_new_matched_tokens(req2, 2 * BLOCK)
+        blocks = SimpleNamespace(get_block_ids=lambda: ([100 + i for i in range(9)],))
+        sched.update_state_after_alloc(req2, blocks, tokens)
+        step = sched.build_step(SimpleNamespace(preempted_req_ids=set(), num_scheduled_tokens={}))
+        b.start_step(step)
+        _, recv, invalid = drain(b, want_recv={"r2"})
+        return {"hit_tokens": tokens, "async": async_load, "load_blocks": step.loads[0].block_ids,
+                "equal": same(src, dst, list(range(2, 8)), list(range(102, 108))),
+                "untouched": same(kv_caches(2), dst, [100, 101, 108], [100, 101, 108]),
+                "invalid": sorted(invalid), "sent": sorted(sent), "a": a.stats_dict(), "b": b.stats_dict(),
+                "sched": {k: v for k, v in sched.stats.__dict__.items() if k != "per_request_hits"}}
+    finally:
+        master.kill()
+
+
+def eviction(port: int, log: Path) -> dict:
+    """A tiny pool evicts objects a lookup saw; loading them is a load error for exactly those blocks."""
+    master = start_master(port, log, default_kv_lease_ttl=100, eviction_high_watermark_ratio=0.8, eviction_ratio=0.3)
+    keys = PoolKeys("test/eviction")
+    try:
+        src, dst = kv_caches(3), kv_caches(4)
+        # The pool is A's 16 MiB segment (128 objects of 128 KiB); B lends nothing.
+        a, b = make_worker(options(port, "16MiB"), src, keys), make_worker(options(port, "0"), dst, keys)
+        sched = make_scheduler(options(port), keys)
+        req = request("fill", 160 * BLOCK + 1)
+        hashes = sched.hashes.get(req, 160)
+        a.start_saves([PoolTransfer("fill", [list(range(0, 80))], hashes[:80])])
+        wait_saves(a)
+        first = [keys.key(RankCoords(), 0, h) for h in hashes[:80]]
+        present_before = sum(1 for c in a.client.exists(first) if c == 1)
+        # Overfill in small steps: the master evicts when a put finds no room, among objects whose lease (granted
+        # by puts, gets and lookups alike, 100 ms here) has run out.
+        for start in range(80, 160, 10):
+            time.sleep(0.3)
+            a.start_saves([PoolTransfer("fill", [list(range(start, start + 10))], hashes[start:start + 10])])
+            wait_saves(a)
+        time.sleep(0.3)
+        codes = a.client.exists([keys.key(RankCoords(), 0, h) for h in hashes])
+        gone = [i for i, c in enumerate(codes[:80]) if c != 1]  # present before, evicted since
+        kept = [i for i, c in enumerate(codes) if c == 1]
+        pick = sorted(gone[:4] + kept[:4])
+        b.start_loads([PoolTransfer("load", [[10 + j for j in range(len(pick))]], [hashes[i] for i in pick])])
+        _, _, invalid = drain(b, want_recv={"load"})
+        expect_invalid = sorted(10 + j for j, i in enumerate(pick) if i in gone[:4])
+        good = [(i, 10 + j) for j, i in enumerate(pick) if i in kept[:4]]
+        return {"present_before": present_before, "evicted": len(gone), "invalid": sorted(invalid),
+                "expect_invalid": expect_invalid,
+                "good_equal": same(src, dst, [g[0] for g in good], [g[1] for g in good]), "b": b.stats_dict(),
+                "a": a.stats_dict()}
+    finally:
+        master.kill()
+
+
+def put_raises(port: int, log: Path) -> dict:
+    """The store raising on put: the save is counted, the held request is still reported, the pool stays on."""
+    master = start_master(port, log)
+    keys = PoolKeys("test/raises")
+    try:
+        opts = options(port)
+        caches = kv_caches(5)
+        a, sched = make_worker(opts, caches, keys), make_scheduler(opts, keys)
+        real = a.client.store
+
+        class Raising:
+            def __getattr__(self, name):
+                return getattr(real, name)
+
+            def batch_put_from_multi_buffers(self, *args, **kwargs):
+                raise RuntimeError("injected: batch_put_from_multi_buffers raised")
+
+        a.client.store = Raising()
+        hashes = sched.hashes.get(request("r", 4 * BLOCK), 4)
+        a.start_saves([PoolTransfer("r", [[0, 1, 2, 3]], hashes)])
+        a.finish_requests(["r"])
+        sent, _, _ = drain(a, want_send={"r"})
+        after_fault = a.stats_dict()
+        a.client.store = real
+        a.start_saves([PoolTransfer("r2", [[0, 1, 2, 3]], hashes)])
+        wait_saves(a)
+        found = sched.get_num_new_matched_tokens(request("r3", 4 * BLOCK + 1), 0)
+        return {"sent": sorted(sent), "after_fault": after_fault, "after": a.stats_dict(), "found": found}
+    finally:
+        master.kill()
+
+
+def master_dies(port: int, log: Path) -> dict:
+    """The master killed mid-run: the pool turns off, nothing raises, every request is still reported."""
+    master = start_master(port, log)
+    keys = PoolKeys("test/dies")
+    opts = options(port)
+    caches = kv_caches(6)
+    a, sched = make_worker(opts, caches, keys), make_scheduler(opts, keys)
+    req = request("r", 4 * BLOCK + 1)
+    hashes = sched.hashes.get(req, 4)
+    a.start_saves([PoolTransfer("r", [[0, 1, 2, 3]], hashes)])
+    wait_saves(a)
+    hit_before = sched.get_num_new_matched_tokens(req, 0)
+    master.kill()
+    master.wait(timeout=10)
+    t0 = time.monotonic()
+    hit_after = sched.get_num_new_matched_tokens(request("r2", 4 * BLOCK + 1), 0)
+    lookup_s = time.monotonic() - t0
+    a.start_loads([PoolTransfer("load", [[20, 21, 22, 23]], hashes)])
+    a.start_saves([PoolTransfer("save", [[0, 1, 2, 3]], hashes)])
+    a.finish_requests(["save"])
+    sent, recv, invalid = drain(a, want_recv={"load"}, want_send={"save"}, timeout=60)
+    a.start_saves([PoolTransfer("later", [[0]], hashes[:1])])
+    wait_saves(a)
+    return {"hit_before": hit_before, "hit_after": hit_after, "lookup_s": lookup_s, "invalid": sorted(invalid),
+            "sent": sorted(sent), "recv": sorted(recv), "scheduler_enabled": sched.client.available,
+            "worker": a.stats_dict(), "reason": a.client.disabled_reason or sched.client.disabled_reason}
+
+
+SCENARIOS = {f.__name__: f for f in (roundtrip, eviction, put_raises, master_dies)}
+
+if __name__ == "__main__":
+    # `all` runs every scenario in this one process (vLLM imports once), each against its own master.
+    names = list(SCENARIOS) if sys.argv[1] == "all" else [sys.argv[1]]
+    port, logs = int(sys.argv[2]), Path(sys.argv[3]) if len(sys.argv) > 3 else Path("/tmp")
+    out = {}
+    for i, name in enumerate(names):
+        try:
+            out[name] = SCENARIOS[name](port + 10 * i, logs / f"master-{name}.log")
+        except Exception as e:  # reported, so the other scenarios still run
+            out[name] = {"error": f"{type(e).__name__}: {e}"}
+    print(json.dumps(out, default=str), flush=True)

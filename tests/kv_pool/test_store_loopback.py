@@ -1,0 +1,74 @@
+"""The pool's halves against a real mooncake_master (no engine): round trip, eviction, a raising store, a dead master.
+
+All scenarios run in one helper process inside the loopback-only namespace (store_scenarios.py), each with its own
+master; the tests assert on what it reports.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = pytest.mark.mooncake
+
+
+@pytest.fixture(scope="module")
+def scenarios(netns, tmp_path_factory, here):
+    logs = tmp_path_factory.mktemp("store-scenarios")
+    proc = netns.popen([sys.executable, str(here / "store_scenarios.py"), "all", "51000", str(logs)],
+                       stdout=subprocess.PIPE, stderr=open(logs / "stderr.log", "wb"))  # noqa: SIM115
+    try:
+        out, _ = proc.communicate(timeout=300)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate(timeout=10)
+        raise
+    assert proc.returncode == 0, (logs / "stderr.log").read_text(errors="replace")[-3000:]
+    return json.loads(out.decode().strip().splitlines()[-1])
+
+
+def _ok(result: dict) -> dict:
+    assert "error" not in result, result["error"]
+    return result
+
+
+def test_roundtrip_between_two_workers(scenarios):
+    r = _ok(scenarios["roundtrip"])
+    # 2 blocks were computed locally; the pool held the next 6 (the 9th is partial, the last token is computed)
+    assert r["hit_tokens"] == 6 * 16 and r["async"] is True
+    assert r["load_blocks"] == [[102, 103, 104, 105, 106, 107]]
+    assert r["equal"] and r["untouched"] and r["invalid"] == []
+    assert r["a"]["objects_stored"] == 8 and r["a"]["objects_skipped_present"] == 8  # the second save skipped all
+    assert r["b"]["blocks_loaded"] == 6 and r["b"]["bytes_loaded"] == 6 * 128 * 1024
+    assert r["sent"] == ["r1"]
+
+
+def test_evicted_blocks_are_load_errors(scenarios):
+    r = _ok(scenarios["eviction"])
+    assert r["present_before"] == 80 and r["evicted"] >= 4
+    assert r["invalid"] == r["expect_invalid"] and len(r["invalid"]) == 4
+    assert r["good_equal"]
+    assert r["b"]["load_failed_blocks"] == 4 and r["b"]["blocks_loaded"] == 4
+    assert r["a"]["put_failed_objects"] >= 0 and r["a"]["pool_enabled"]
+
+
+def test_raising_store_still_reports_the_request(scenarios):
+    r = _ok(scenarios["put_raises"])
+    assert r["sent"] == ["r"]
+    fault = r["after_fault"]
+    assert fault["save_errors"] == 1 and fault["put_failed_objects"] == 4 and fault["objects_stored"] == 0
+    assert fault["pending_saves"] == 0 and fault["held_requests"] == 0 and fault["pool_enabled"]
+    assert r["after"]["objects_stored"] == 4 and r["found"] == [64, True]  # the pool kept working
+
+
+def test_dead_master_turns_the_pool_off(scenarios):
+    r = _ok(scenarios["master_dies"])
+    assert r["hit_before"] == [64, True] and r["hit_after"] == [0, False]
+    assert r["lookup_s"] < 5
+    assert r["invalid"] == [20, 21, 22, 23] and r["recv"] == ["load"] and r["sent"] == ["save"]
+    assert r["scheduler_enabled"] is False and r["worker"]["pool_enabled"] is False
+    assert "RPC_FAIL" in r["reason"] and "127.0.0.1:51030" in r["reason"]
+    assert r["worker"]["pending_saves"] == 0 and r["worker"]["held_requests"] == 0
