@@ -61,6 +61,11 @@ NPU_BINDINGS: dict[str, NpuBinding] = {
         note="the fused filter when both top_k and top_p are given",
     ),
     "rejection_sample": NpuBinding(target="ascend_kernels.reference.rejection on the NPU device", kind="torch"),
+    "compute_slot_mapping": NpuBinding(target="ascend_kernels.reference.batch_prep on the NPU device", kind="torch",
+                                       note="reads the token count back (one sync per step)"),
+    "gumbel_sample": NpuBinding(target="ascend_kernels.reference.gumbel on the NPU device", kind="torch"),
+    "gather_logprobs": NpuBinding(target="ascend_kernels.reference.logprobs on the NPU device", kind="torch"),
+    "token_ranks": NpuBinding(target="ascend_kernels.reference.logprobs on the NPU device", kind="torch"),
 }
 
 _FIA_MASK_SIZE = 2048  # the compressed causal mask sparse_mode 3 expects
@@ -245,6 +250,10 @@ def npu_ops() -> dict[str, Callable]:
         "sample_greedy": reference.sample_greedy,
         "sample": sample,
         "rejection_sample": reference.rejection_sample,
+        "compute_slot_mapping": reference.compute_slot_mapping,
+        "gumbel_sample": reference.gumbel_sample,
+        "gather_logprobs": reference.gather_logprobs,
+        "token_ranks": reference.token_ranks,
     }
     assert table.keys() == NPU_BINDINGS.keys()
     return table

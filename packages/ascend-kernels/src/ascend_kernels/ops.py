@@ -246,3 +246,54 @@ def rejection_sample(
         generator=generator,
         target_is_probs=target_is_probs,
     )
+
+
+def compute_slot_mapping(block_table, req_indices, query_start_loc, positions, block_size: int, *, out) -> torch.Tensor:
+    """The KV cache slot of every scheduled token, from its request's block table; written into `out`.
+
+    Batch row r owns tokens `query_start_loc[r] : query_start_loc[r+1]` (int `[num_reqs + 1]`, non-decreasing, from
+    0) and reads block-table row `req_indices[r]` (int `[num_reqs]`; a negative index marks a dummy request whose
+    tokens get slot -1). Token t at position p = positions[t] (int, at least `query_start_loc[-1]` entries) gets
+    slot `block_table[req, p // block_size] * block_size + p % block_size` (block_table int `[rows, max_blocks]`).
+    out int64 `[max_tokens]` (at least `query_start_loc[-1]` long): entries past the batch's tokens become -1.
+    Returns out.
+    """
+    if _SWITCH.enabled:
+        _v.check_compute_slot_mapping(block_table, req_indices, query_start_loc, positions, block_size, out)
+    return current_impl().compute_slot_mapping(block_table, req_indices, query_start_loc, positions, block_size,
+                                               out=out)
+
+
+def gumbel_sample(logits, temperature, seeds, positions, *, apply_temperature: bool = True,
+                  fp64: bool = False) -> torch.Tensor:
+    """One token per row of logits `[num_rows, vocab]` by Gumbel-max with counter-based noise -> int64 `[num_rows]`.
+
+    temperature float `[num_rows]`: 0 makes the row greedy (argmax of the float32 logits, lowest id on ties);
+    otherwise the row returns `argmax_j(l_j + g_j)` with `l = logits / temperature` (logits unchanged when
+    `apply_temperature` is False: the caller scaled them) and g_j Gumbel noise that is a pure function of
+    (seeds[r], positions[r], j) (int64 `[num_rows]` each): vLLM Model Runner V2's murmur3 stream, so a seeded request
+    repeats exactly whatever else is in its batch. Noise and the argmax run in float64 when `fp64`.
+    """
+    if _SWITCH.enabled:
+        _v.check_gumbel_sample(logits, temperature, seeds, positions, fp64)
+    return current_impl().gumbel_sample(logits, temperature, seeds, positions, apply_temperature=apply_temperature,
+                                        fp64=fp64)
+
+
+def gather_logprobs(logits, token_ids) -> torch.Tensor:
+    """Log-probabilities `log_softmax(logits)[r, token_ids[r, i]]` in float32 -> `[num_rows, k]`.
+
+    logits float `[num_rows, vocab]`, token_ids int `[num_rows, k]` (each in [0, vocab)); the softmax is over the whole
+    row in float32 (max-shifted log-sum-exp), without materialising the `[num_rows, vocab]` log-probabilities.
+    """
+    if _SWITCH.enabled:
+        _v.check_gather_logprobs(logits, token_ids)
+    return current_impl().gather_logprobs(logits, token_ids)
+
+
+def token_ranks(logits, token_ids) -> torch.Tensor:
+    """Rank of token_ids[r] (int `[num_rows]`) in its row of logits `[num_rows, vocab]` -> int64 `[num_rows]`:
+    the number of entries whose logit is >= the token's (so the most likely token has rank 1, ties count)."""
+    if _SWITCH.enabled:
+        _v.check_token_ranks(logits, token_ids)
+    return current_impl().token_ranks(logits, token_ids)

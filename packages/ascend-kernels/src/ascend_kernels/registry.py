@@ -27,6 +27,10 @@ OP_NAMES: tuple[str, ...] = (
     "sample_greedy",
     "sample",
     "rejection_sample",
+    "compute_slot_mapping",
+    "gumbel_sample",
+    "gather_logprobs",
+    "token_ranks",
 )
 
 BACKEND_NAMES: tuple[str, ...] = ("reference", "npu")

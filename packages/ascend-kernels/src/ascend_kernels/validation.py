@@ -343,3 +343,58 @@ def check_rejection_sample(
     _per_request(op, "top_p", top_p, b, dev, integer=False, optional=True)
     if generator is not None and not isinstance(generator, torch.Generator):
         fail(op, "generator", generator, "None or a torch.Generator")
+
+
+def check_compute_slot_mapping(block_table, req_indices, query_start_loc, positions, block_size, out) -> None:
+    op = "compute_slot_mapping"
+    index(op, "block_table", block_table, 2, "[num_rows, max_blocks_per_req]")
+    dev = block_table.device
+    index(op, "req_indices", req_indices, 1, "[num_reqs]")
+    r = req_indices.shape[0]
+    index(op, "query_start_loc", query_start_loc, 1, f"[{r + 1}]")
+    if query_start_loc.shape[0] < r + 1:
+        fail(op, "query_start_loc", query_start_loc, f"at least [{r + 1}] (num_reqs + 1) of dtype int32 or int64")
+    index(op, "positions", positions, 1, "[num_tokens]")
+    if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size <= 0:
+        fail(op, "block_size", block_size, "a positive int")
+    if not isinstance(out, torch.Tensor) or out.dim() != 1 or out.dtype != torch.int64:
+        fail(op, "out", out, "[max_tokens] of dtype int64")
+    for name, t in (("req_indices", req_indices), ("query_start_loc", query_start_loc), ("positions", positions),
+                    ("out", out)):
+        same_device(op, name, t, dev, "a tensor")
+
+
+def check_gumbel_sample(logits, temperature, seeds, positions, fp64) -> None:
+    op = "gumbel_sample"
+    _logits(op, "logits", logits)
+    b, dev = logits.shape[0], logits.device
+    if not isinstance(temperature, torch.Tensor) or temperature.shape != (b,) or not temperature.is_floating_point():
+        fail(op, "temperature", temperature, f"[{b}] floating")
+    index(op, "seeds", seeds, 1, f"[{b}]")
+    index(op, "positions", positions, 1, f"[{b}]")
+    for name, t in (("temperature", temperature), ("seeds", seeds), ("positions", positions)):
+        if t.shape != (b,):
+            fail(op, name, t, f"[{b}]")
+        same_device(op, name, t, dev, f"[{b}]")
+    if not isinstance(fp64, bool):
+        fail(op, "fp64", fp64, "a bool")
+
+
+def check_gather_logprobs(logits, token_ids) -> None:
+    op = "gather_logprobs"
+    _logits(op, "logits", logits)
+    b = logits.shape[0]
+    index(op, "token_ids", token_ids, 2, f"[{b}, k]")
+    if token_ids.shape[0] != b:
+        fail(op, "token_ids", token_ids, f"[{b}, k] of dtype int32 or int64")
+    same_device(op, "token_ids", token_ids, logits.device, f"[{b}, k]")
+
+
+def check_token_ranks(logits, token_ids) -> None:
+    op = "token_ranks"
+    _logits(op, "logits", logits)
+    b = logits.shape[0]
+    index(op, "token_ids", token_ids, 1, f"[{b}]")
+    if token_ids.shape[0] != b:
+        fail(op, "token_ids", token_ids, f"[{b}] of dtype int32 or int64")
+    same_device(op, "token_ids", token_ids, logits.device, f"[{b}]")

@@ -6,8 +6,11 @@ Every op follows the contract in `ascend_kernels.ops`; the tests hold each one a
 from __future__ import annotations
 
 from ascend_kernels.reference.attention import mla_decode_attention, paged_attention
+from ascend_kernels.reference.batch_prep import compute_slot_mapping
 from ascend_kernels.reference.cache_write import reshape_and_cache, reshape_and_cache_mla
+from ascend_kernels.reference.gumbel import gumbel_sample
 from ascend_kernels.reference.layers import rms_norm, rotary_embedding, silu_and_mul
+from ascend_kernels.reference.logprobs import gather_logprobs, token_ranks
 from ascend_kernels.reference.moe import fused_moe_reference, topk_softmax
 from ascend_kernels.reference.rejection import rejection_sample
 from ascend_kernels.reference.sampling import sample, sample_greedy
@@ -25,4 +28,8 @@ REFERENCE_OPS = {
     "sample_greedy": sample_greedy,
     "sample": sample,
     "rejection_sample": rejection_sample,
+    "compute_slot_mapping": compute_slot_mapping,
+    "gumbel_sample": gumbel_sample,
+    "gather_logprobs": gather_logprobs,
+    "token_ranks": token_ranks,
 }
