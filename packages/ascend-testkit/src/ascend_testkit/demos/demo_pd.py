@@ -24,6 +24,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--block-size", type=int, default=128)
     parser.add_argument("--port", type=int, default=35100, help="prefill side-channel base port")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
+    parser.add_argument("--serve", action="store_true",
+                        help="as users deploy: two `ascend-vllm serve` servers and `ascend-vllm router` on loopback, "
+                             "one streamed request through the router (the longest --lengths prompt)")
 
 
 def _kv(role: str, port: int) -> dict:
@@ -32,6 +35,10 @@ def _kv(role: str, port: int) -> dict:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.serve:
+        from ascend_testkit.demos.pd_serving import run_serving
+
+        return run_serving(args)
     from transformers import AutoTokenizer
 
     from ascend_kv_transfer.engine_harness.client import EngineProcess, engine_env
