@@ -5,6 +5,10 @@ OpenMP/LD_PRELOAD environment, vLLM's C++ CPU kernels for the model's GEMMs) com
 which is what a CPU device needs. The enum stays OOT so vLLM takes its out-of-tree paths (custom ops dispatch to
 `forward_oot`), as it does on a real NPU; attention and the KV cache are ours, through `ascend_kernels`' reference
 backend.
+
+Instantiating the platform (vLLM does it once per process, when it resolves `current_platform`) prepares the
+process: catalogued shutdown shims and, unless the V1 runner is asked for, Triton's interpreter so that vLLM can run
+Model Runner V2 as it does on a device (`ascend_platform.simulated.triton_interpreter`).
 """
 
 from __future__ import annotations
@@ -31,6 +35,10 @@ class SimulatedNPUPlatform(AscendPlatformBase, CpuPlatform):
     device_control_env_var: str = CpuPlatform.device_control_env_var
     simulated = True
 
+    def __init__(self) -> None:
+        super().__init__()
+        _prepare_process()
+
     @classmethod
     def get_device_name(cls, device_id: int = 0) -> str:
         return "npu (simulated on cpu)"
@@ -40,6 +48,17 @@ class SimulatedNPUPlatform(AscendPlatformBase, CpuPlatform):
         # vLLM's CPU policy for the CPU device: KV space from VLLM_CPU_KVCACHE_SPACE, mp executor, worker env.
         CpuPlatform.check_and_update_config.__func__(cls, vllm_config)
         cls.kernel_backend(ascend_config_of(vllm_config))
+        from ascend_platform.simulated.mrv2_lane import check_runner_request
+
+        check_runner_request(vllm_config)
+
+    @classmethod
+    def register_triton_kernel_overrides(cls) -> None:
+        """vLLM's hook for platform kernels (each worker, before the runner): MRV2's per-step Triton kernels go to
+        torch / ascend_kernels stand-ins when Triton runs in its interpreter (`simulated.kernel_overrides`)."""
+        from ascend_platform.simulated.kernel_overrides import register_for_lane
+
+        register_for_lane()
 
     @classmethod
     def kernel_backend(cls, ascend: AscendConfig) -> str:
@@ -64,4 +83,8 @@ def _install_shutdown_shims() -> None:
             REGISTRY.apply(name, _nothing_to_empty)
 
 
-_install_shutdown_shims()
+def _prepare_process() -> None:
+    _install_shutdown_shims()
+    from ascend_platform.simulated import mrv2_lane
+
+    mrv2_lane.prepare_process()

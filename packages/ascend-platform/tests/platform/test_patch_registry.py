@@ -64,3 +64,26 @@ def test_importing_the_platform_patches_nothing():
     import ascend_platform.worker.model_runner_v2  # noqa: F401
 
     assert mr.init_kv_cache is before and before.__module__ == "vllm.v1.worker.gpu.attn_utils"
+
+
+def test_a_target_can_be_an_attribute_of_a_module_level_object(monkeypatch):
+    mod = types.ModuleType("ascend_test_patch_target3")
+    mod.settings = types.SimpleNamespace(flag=False)
+    monkeypatch.setitem(__import__("sys").modules, mod.__name__, mod)
+    reg = PatchRegistry()
+    reg.register(Patch(name="knob", target=f"{mod.__name__}:settings.flag", kind="attribute", reason="r", contract="c"))
+    reg.register(Patch(name="gone", target=f"{mod.__name__}:nothing.flag", kind="attribute", reason="r", contract="c"))
+    with reg.applied("knob", True) as before:
+        assert before is False and mod.settings.flag is True
+    assert mod.settings.flag is False
+    with pytest.raises(PatchTargetError, match="no 'nothing'"):
+        reg.apply("gone", True)
+
+
+def test_importing_the_simulated_platform_patches_nothing():
+    import torch
+
+    before = torch.accelerator.empty_cache
+    import ascend_platform.simulated_platform  # noqa: F401
+
+    assert torch.accelerator.empty_cache is before  # the shims go in when vLLM instantiates the platform

