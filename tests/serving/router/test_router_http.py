@@ -162,6 +162,20 @@ def test_a_prefill_that_refuses_is_skipped_and_taken_out(run):
     run(scenario)
 
 
+def test_a_decode_server_that_refuses_is_skipped(run):
+    async def scenario(stack):
+        p, gone, d = await stack.fake("P"), await stack.fake("GONE"), await stack.fake("D")
+        router = await stack.router([p.url], [gone.url, d.url], health_interval_s=3600)
+        await stack.stop(gone.server)
+        for i in range(3):
+            status, headers, body = await _post(stack, router, prompt=f"q{i}")
+            assert status == 200 and body["choices"][0]["text"].startswith("D|"), body
+            assert headers["x-router-decode"] == d.url
+        assert len(p.requests) == 3  # the request was prefilled once, then decoded on the next server
+
+    run(scenario)
+
+
 def test_health_checks_take_a_server_out_and_put_it_back(run):
     async def scenario(stack):
         p, d1, d2 = await stack.fake("P"), await stack.fake("D1"), await stack.fake("D2")
@@ -208,7 +222,7 @@ def test_decode_dying_mid_stream_ends_the_stream_with_an_error_naming_it(run):
     async def scenario(stack):
         p, d = await stack.fake("P"), await stack.fake("D")
         d.mode = "die_mid_stream"
-        router = await stack.router([p.url], [d.url])
+        router = await stack.router([p.url], [d.url], health_interval_s=3600)
         async with stack.session.post(router + "/v1/completions",
                                       json={"model": "fake", "prompt": "x", "stream": True}) as resp:
             assert resp.status == 200
@@ -217,6 +231,12 @@ def test_decode_dying_mid_stream_ends_the_stream_with_an_error_naming_it(run):
         assert error["code"] == 502 and d.url in error["message"] and "mid-stream" in error["message"]
         assert json.loads(events[0])["choices"][0]["text"]  # the chunk before the failure did arrive
         assert _server(await _status(stack, router), d.url)["failed"] == 1
+
+        async def back() -> bool:  # taken out on the failure, back at once: the check it triggered passed
+            return _server(await _status(stack, router), d.url)["healthy"]
+        await stack.wait_until(back, timeout=5, what="decode server checked again right after the failure")
+        d.mode = "ok"
+        assert (await _post(stack, router, prompt="y"))[0] == 200
 
     run(scenario)
 
