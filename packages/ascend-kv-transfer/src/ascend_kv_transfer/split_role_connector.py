@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1, SupportsHMA
 
-from ascend_kv_transfer.stats import AscendKVConnectorStats
+from ascend_kv_transfer.stats import AscendKVConnectorStats, AscendPromMetrics
 
 if TYPE_CHECKING:
     import torch
@@ -26,6 +26,11 @@ class SplitRoleConnector(KVConnectorBase_V1, SupportsHMA):
     @classmethod
     def build_kv_connector_stats(cls, data: dict[str, Any] | None = None) -> AscendKVConnectorStats:
         return AscendKVConnectorStats(data=data or {})
+
+    @classmethod
+    def build_prom_metrics(cls, vllm_config: Any, metric_types: dict, labelnames: list[str],
+                           per_engine_labelvalues: dict[int, list[object]]) -> AscendPromMetrics:
+        return AscendPromMetrics(vllm_config, metric_types, labelnames, per_engine_labelvalues, cls.__name__)
 
     # ---- scheduler ----------------------------------------------------------------------------------------------
     def get_num_new_matched_tokens(self, request: Request, num_computed_tokens: int) -> tuple[int | None, bool]:

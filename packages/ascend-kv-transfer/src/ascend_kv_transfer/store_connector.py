@@ -32,7 +32,7 @@ from ascend_kv_transfer.pool.scheduler_side import PoolScheduler, PoolStep
 from ascend_kv_transfer.pool.store_client import StoreClient
 from ascend_kv_transfer.pool.worker_side import PoolWorker
 from ascend_kv_transfer.split_role_connector import SplitRoleConnector
-from ascend_kv_transfer.stats import AscendKVConnectorStats, CounterDeltas
+from ascend_kv_transfer.stats import GAUGE_KEYS, AscendKVConnectorStats, CounterDeltas
 from ascend_kv_transfer.vllm_config_info import layer_groups
 
 if TYPE_CHECKING:
@@ -158,7 +158,9 @@ class AscendStoreConnector(SplitRoleConnector):
         return self._worker.take_invalid_blocks() if self._worker is not None else set()
 
     def get_kv_connector_stats(self) -> AscendKVConnectorStats | None:
-        return self._deltas.take(self._worker.stats_dict()) if self._worker is not None else None
+        if self._worker is None:
+            return None
+        return self._deltas.take({k: v for k, v in self._worker.stats_dict().items() if k not in GAUGE_KEYS})
 
     def connector_stats(self) -> dict[str, Any]:
         """Cumulative counters of this half (scheduler: lookups and hits; worker: loads, saves, failures)."""
