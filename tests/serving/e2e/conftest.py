@@ -4,7 +4,8 @@ in the simulated-NPU lane, and `ascend-vllm router` in front of them, all inside
 One session starts three engines at once (their start-ups overlap): a prefill server (kv_producer, core 0) that is
 also the single-server reference (a request without kv_transfer_params is served like on any server), and two
 decode servers (kv_consumer, core 1). The router is told about one more prefill server that never runs. Tests that
-kill a server are marked `kills_servers` and run last.
+kill a server are marked `kills_servers` and run last. The servers live as long as this package's tests (package
+scope: this folder has an `__init__.py` for that), not until the end of the whole session.
 """
 
 from __future__ import annotations
@@ -33,7 +34,12 @@ def pytest_configure(config):
 
 
 def pytest_collection_modifyitems(config, items):
-    items.sort(key=lambda item: item.get_closest_marker("kills_servers") is not None)
+    """Within this folder's tests (they stay where they are in the session), the ones that kill servers go last."""
+    here = Path(__file__).parent
+    slots = [i for i, item in enumerate(items) if here in Path(item.path).parents]
+    ours = sorted((items[i] for i in slots), key=lambda item: item.get_closest_marker("kills_servers") is not None)
+    for i, item in zip(slots, ours, strict=True):
+        items[i] = item
 
 
 @dataclass
@@ -51,7 +57,7 @@ class Serving:
         return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=timeout)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def model_dir(tmp_path_factory) -> str:
     from ascend_testkit.models.tiny_llama import cached_tiny_llama
 
@@ -60,7 +66,7 @@ def model_dir(tmp_path_factory) -> str:
     return str(cached_tiny_llama(cache_dir=root))
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def serving_netns():
     from ascend_testkit.netns import LoopbackNamespace, NetnsUnavailableError
 
@@ -72,7 +78,7 @@ def serving_netns():
     ns.close()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def serving_session(tmp_path_factory, model_dir, serving_netns) -> Serving:
     from ascend_testkit.servers import p2p_kv_config, start_router, start_serve
 

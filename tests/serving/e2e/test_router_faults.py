@@ -69,6 +69,9 @@ def test_decode_server_killed_mid_run(serving):
     first, later = asyncio.run(scenario())
     failed = [r for r in first if r["error"]]
     finished = [r for r in first if not r["error"]]
+    print(f"killed {victim.url}: {len(failed)} in-flight requests failed in "
+          f"{[round(r['seconds'], 2) for r in failed]} s ({[r['status'] for r in failed]}), {len(finished)} finished "
+          f"on {survivor.url}, {len(later)} later ones all on it")
     assert failed and finished, first
     for r in failed:  # an error naming the dead server, not a hang (bounded by the client's timeout)
         assert r["decode"] == victim.url and victim.url in r["error"], r

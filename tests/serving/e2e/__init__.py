@@ -1,0 +1,1 @@
+"""End-to-end serving tests (a package so the shared servers can be package-scoped)."""
