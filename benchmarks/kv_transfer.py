@@ -46,6 +46,11 @@ def _request_blocks() -> tuple[list[int], list[int]]:
     return local, list(range(BLOCKS))
 
 
+def contiguous_runs(local: list[int], remote: list[int]) -> int:
+    """Runs of consecutive positions where both block ids go up by one: the fewest transfers that can move them."""
+    return 1 + sum(1 for i in range(1, len(local)) if local[i] != local[i - 1] + 1 or remote[i] != remote[i - 1] + 1)
+
+
 def _geometry():
     from ascend_kv_transfer.p2p.schema import KVGeometry
 
@@ -111,7 +116,7 @@ def synthetic_consumer(repeats: int, rpc_port: int) -> None:
         raw_times.append(time.perf_counter() - t)
         assert ret == 0, ret
     nbytes = result.nbytes
-    num_runs = len(coalesce_runs(local, remote))
+    num_runs = contiguous_runs(local, remote)
 
     # Offloading: store/load the same request through the host tier against one plain torch copy of the bytes.
     tier = HostTier(layers, num_slots=BLOCKS)
@@ -137,7 +142,9 @@ def synthetic_consumer(repeats: int, rpc_port: int) -> None:
         "connector_median_gib_s": gib / statistics.median(times),
         "raw_median_gib_s": gib / statistics.median(raw_times),
         "transfer_ops_per_request": result.entries, "transfer_calls_per_request": result.calls,
-        "max_ops_allowed": num_runs * len(regions.regions), "contiguous_runs": num_runs,
+        # Independent of the code under test: one entry per run of blocks contiguous on both sides, per layer
+        # (each of the LAYERS synthetic layers is one contiguous [blocks, page] region by construction).
+        "max_ops_allowed": num_runs * LAYERS, "contiguous_runs": num_runs,
         "registered_regions": len(regions.regions), "registered_storages": len(regions.storages),
         "offload_save_gib_s": gib / min(save_t), "offload_load_gib_s": gib / min(load_t),
         "torch_copy_gib_s": gib / min(copy_t),
@@ -173,19 +180,6 @@ def run_synthetic(ns, repeats: int, logdir: Path) -> dict:
 
 
 # ---- the two-engine flow ------------------------------------------------------------------------------------------
-def engine_host_with_shim(config_json: str) -> int:
-    """vLLM's in-tree MooncakeConnector asks torch for the current accelerator, which raises on a CPU-only torch."""
-    import torch
-
-    try:
-        torch.accelerator.current_device_index()
-    except RuntimeError:
-        torch.accelerator.current_device_index = lambda: 0
-    from ascend_kv_transfer.engine_harness.host import main
-
-    return main([config_json])
-
-
 def _pd_configs(kind: str, port: int) -> tuple[dict, dict]:
     if kind == "ours":
         def kv(role):
@@ -200,30 +194,32 @@ def _pd_configs(kind: str, port: int) -> tuple[dict, dict]:
 
 
 def run_two_engines(ns, kind: str, model: str, ids_list: list[list[int]], logdir: Path) -> list[float]:
-    from ascend_kv_transfer.engine_harness.client import EngineProcess, engine_env
+    from ascend_testkit.engine import EngineHost
 
     port = 34100 if kind == "ours" else 8998
     prod_kv, cons_kv = _pd_configs(kind, port)
-    common = {"model": model, "block_size": 128, "max_model_len": 1024, "max_num_seqs": 4}
-    argv = [sys.executable, str(Path(__file__).resolve()), "--engine-host"]
+    common = dict(dtype="float32", enforce_eager=True, seed=0, block_size=128, max_model_len=1024, max_num_seqs=4)
     extra = {"VLLM_HOST_IP": "127.0.0.1", "VLLM_MOONCAKE_BOOTSTRAP_PORT": str(port)}
+    setup = () if kind == "ours" else ("ascend_testkit.engine.shims:cpu_accelerator_index",)
     procs = []
     try:
         for name, kv, cpu in (("prefill", prod_kv, 0), ("decode", cons_kv, 1)):
-            procs.append(EngineProcess(common | {"kv_transfer_config": kv}, argv=argv, netns=ns, wait=False,
-                                       env=engine_env(logdir / f"cache-{kind}-{name}", cpu, extra),
-                                       log_path=logdir / f"{kind}-{name}.log"))
-        prefill, decode = (p.wait_ready() for p in procs)
+            host = EngineHost(f"{kind}-{name}", lane="cpu", log_dir=logdir, cpus=cpu, env=extra, netns=ns,
+                              setup=setup)
+            procs.append(host.start(model, wait=False, kv_transfer_config=kv, **common))
+        for p in procs:
+            p.started()
+        prefill, decode = procs
         landed = []
         for i, ids in enumerate(ids_list):
             tid = f"{kind}-xfer-{i}"
-            first = prefill.generate([{"id": f"p{i}", "prompt_token_ids": ids, "max_tokens": 1,
+            first = prefill.run_requests([{"id": f"p{i}", "prompt_token_ids": ids, "max_tokens": 1,
                                        "kv_transfer_params": {"do_remote_decode": True, "transfer_id": tid}}])[0]
             params = first["kv_transfer_params"] or {}
             if kind != "ours":  # the router builds the decode side's params for the in-tree connector
                 params = {"do_remote_prefill": True, "remote_engine_id": prod_kv["engine_id"],
                           "remote_bootstrap_addr": f"http://127.0.0.1:{port}", "transfer_id": tid}
-            out = decode.generate([{"id": f"d{i}", "prompt_token_ids": ids, "max_tokens": 4,
+            out = decode.run_requests([{"id": f"d{i}", "prompt_token_ids": ids, "max_tokens": 4,
                                     "kv_transfer_params": params}])[0]
             if out["t_landed"] is None:
                 raise RuntimeError(f"{kind}: decode request {i} never reported its KV landed")
@@ -243,7 +239,6 @@ def main() -> int:
     parser.add_argument("--synthetic-producer", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--synthetic-consumer", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--rpc-port", type=int, default=0, help=argparse.SUPPRESS)
-    parser.add_argument("--engine-host", nargs=1, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.synthetic_producer:
         synthetic_producer(args.repeats)
@@ -251,8 +246,6 @@ def main() -> int:
     if args.synthetic_consumer:
         synthetic_consumer(args.repeats, args.rpc_port)
         return 0
-    if args.engine_host:
-        return engine_host_with_shim(args.engine_host[0])
 
     from ascend_testkit.netns import LoopbackNamespace
 

@@ -1,7 +1,8 @@
 """Speculative decoding benchmark: acceptance, target passes per token and throughput against no speculation.
 
 Runs a tiny EAGLE-compatible Llama target (peaked outputs) in a real vLLM engine, once without speculation and once
-per method, each engine in its own process, requests one at a time (so passes per token is per request). Prints ONE
+per method, the engines one after another in one engine host (`ascend_testkit.engine`), requests one at a time (so
+passes per token is per request). Prints ONE
 JSON object as the last line of stdout (logs go to stderr):
 
   {"methods": [{"method", "draft", "acceptance_per_position", "mean_accepted_length", "target_passes_per_token",
@@ -12,7 +13,8 @@ Goal: with a self-draft and k = 3, target passes per token <= 0.26 (the floor is
 prefill pass). Tokens/s on this tiny model measure overhead, not the speed-up a real model gets: a draft as large
 as the target costs as much as the target.
 
-Usage: uv run python benchmarks/specdecode.py [--max-tokens 160] [--methods draft_model,eagle,dflash]
+Usage: uv run --no-sync python benchmarks/specdecode.py [--max-tokens 160] [--methods draft_model,eagle,dflash]
+       [--lane simulated|cpu]
 """
 
 from __future__ import annotations
@@ -38,14 +40,18 @@ def main() -> int:
     parser.add_argument("--max-tokens", type=int, default=160)
     parser.add_argument("--num-prompts", type=int, default=3)
     parser.add_argument("--methods", default="draft_model,eagle,dflash")
+    parser.add_argument("--lane", choices=("simulated", "cpu"), default="simulated",
+                        help="simulated-NPU lane (our platform) or vLLM's own CPU platform")
     args = parser.parse_args()
 
-    from ascend_specdecode.measure import run_in_subprocess
+    from ascend_testkit.engine import EngineHost
     from ascend_testkit.models import drafts as dc
     from ascend_testkit.models.tiny_llama import cached_tiny_llama, prompt_of_length
+    from ascend_testkit.speculation import measure
 
-    lane = "simulated-npu" if os.environ.get("ASCEND_VLLM_SIMULATE") == "1" else "vllm-cpu"
-    with tempfile.TemporaryDirectory(prefix="specdecode-bench-") as tmp:
+    lane = "simulated-npu" if args.lane == "simulated" else "vllm-cpu"
+    with tempfile.TemporaryDirectory(prefix="specdecode-bench-") as tmp, \
+            EngineHost("specdecode", lane=args.lane, log_dir=tmp) as host:
         cache = Path(os.environ.get("ASCEND_VLLM_CACHE") or tmp) / "models"
         target = dc.eagle_compatible_target(cached_tiny_llama(cache_dir=cache), sliding_window=WINDOW)
         drafts = {
@@ -64,19 +70,11 @@ def main() -> int:
         }
         if lane == "vllm-cpu":
             engine_kwargs["worker_cls"] = "ascend_specdecode.cpu_worker.SpecDecodeCPUWorker"
-        env = {"HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CACHE_ROOT": str(Path(tmp) / "vllm")}
         prompts = [prompt_of_length(16, offset=37 * i) for i in range(args.num_prompts)]
 
         def run(spec: dict | None) -> dict:
-            job = {
-                "model": str(target),
-                "speculative_config": spec,
-                "prompts": prompts,
-                "max_tokens": args.max_tokens,
-                "engine_kwargs": engine_kwargs,
-            }
             log(f"running {spec['method'] if spec else 'no speculation'} ...")
-            return run_in_subprocess(job, env=env)
+            return measure(host, str(target), spec, prompts, args.max_tokens, **engine_kwargs)
 
         base = run(None)
         base_tps = base["generated_tokens"] / base["seconds"]

@@ -9,11 +9,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+from ascend_testkit.reach.collect import reach_env
+
 CLI = shutil.which("ascend-vllm") or str(Path(sys.executable).with_name("ascend-vllm"))
 
 
 def _run(*args: str, **env: str) -> subprocess.CompletedProcess:
     full_env = {k: v for k, v in os.environ.items() if k != "ASCEND_VLLM_SIMULATE"}
+    full_env.update(reach_env())  # the CLI's modules count as reached by this run (tests/reach)
     full_env.update(env)
     return subprocess.run([CLI, *args], capture_output=True, text=True, timeout=300, env=full_env)
 

@@ -1,9 +1,8 @@
-"""Shared fixtures for the engine-level KV transfer tests: the tiny model, a loopback-only network namespace, and
-engine hosts (real vLLM engines on the CPU platform, each pinned to its own core) that are always reaped."""
+"""Shared fixtures for the engine-level KV transfer tests: the tiny model's token ids and engines on the session's
+hosts (real vLLM engines, each pinned to its own core, inside the loopback-only namespace where Mooncake runs)."""
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 
@@ -13,12 +12,8 @@ HERE = Path(__file__).parent
 
 
 @pytest.fixture(scope="session")
-def model_dir(tmp_path_factory) -> str:
-    from ascend_testkit.models.tiny_llama import cached_tiny_llama
-
-    cache = os.environ.get("ASCEND_VLLM_CACHE")
-    root = Path(cache) / "models" if cache else tmp_path_factory.mktemp("models")
-    return str(cached_tiny_llama(cache_dir=root))
+def model_dir(tiny_model) -> str:
+    return str(tiny_model)
 
 
 @pytest.fixture(scope="session")
@@ -38,37 +33,24 @@ def token_ids(model_dir):
     return make
 
 
-@pytest.fixture(scope="session")
-def netns():
-    from ascend_testkit.netns import LoopbackNamespace, NetnsUnavailableError
-
-    try:
-        ns = LoopbackNamespace()
-    except NetnsUnavailableError as e:
-        pytest.skip(f"needs a loopback-only network namespace: {e}")
-    yield ns
-    ns.close()
+ENGINE_DEFAULTS = dict(dtype="float32", enforce_eager=True, seed=0, max_model_len=1024, max_num_seqs=4,
+                       block_size=128, enable_prefix_caching=True)
 
 
 @pytest.fixture(scope="session")
-def start_engine(tmp_path_factory):
-    """`start_engine(name, config, cpu, netns=None, wait=True)`; every host is shut down at session end."""
-    from ascend_kv_transfer.engine_harness.client import EngineProcess, engine_env
+def start_engine(host_pool):
+    """`start_engine(name, config, cpu, netns=None, wait=True, lane="cpu")`: an engine on the session's host for
+    (lane, namespace, core); `config` is {model, kv_transfer_config, block_size, ...} (LLM keyword arguments).
+    With wait=False, call `host.started()` later (two engines then start together)."""
 
-    root = tmp_path_factory.mktemp("engines")
-    started: list[EngineProcess] = []
+    def start(name: str, config: dict, cpu: int, netns=None, wait: bool = True, lane: str = "cpu"):
+        host = host_pool.get(f"{lane}-cpu{cpu}{'-netns' if netns is not None else ''}", lane=lane, netns=netns,
+                             cpus=cpu)
+        engine = ENGINE_DEFAULTS | {k: v for k, v in config.items() if k != "model"}
+        host.start(config["model"], wait=wait, **engine)
+        return host
 
-    def start(name: str, config: dict, cpu: int, netns=None, wait: bool = True) -> EngineProcess:
-        env = engine_env(root / f"cache-{name}", cpu)
-        proc = EngineProcess(config, env=env, log_path=root / f"{name}.log", netns=netns, wait=wait)
-        started.append(proc)
-        return proc
-
-    yield start
-    for proc in started:
-        proc.close()
-    leftovers = [p.proc.pid for p in started if p.proc.poll() is None]
-    assert not leftovers, f"engine hosts still running: {leftovers}"
+    return start
 
 
 @pytest.fixture

@@ -32,9 +32,12 @@ def engines(start_engine, model_dir, netns):
                            netns=netns, wait=False)
     decode = start_engine("lw-decode", common | {"kv_transfer_config": _kv("kv_consumer", DECODE_PORT)}, 1,
                           netns=netns, wait=False)
-    yield prefill.wait_ready(), decode.wait_ready()
-    prefill.close()
-    decode.close()
+    prefill.started()
+    decode.started()
+    yield prefill, decode
+    for host in (prefill, decode):
+        if host.alive:  # a fault test may have killed it
+            host.stop()
 
 
 def _wait(predicate, timeout: float) -> bool:
@@ -50,7 +53,7 @@ def _wait(predicate, timeout: float) -> bool:
 def test_prefill_pushes_layers_into_waiting_decode(engines, token_ids, n):
     prefill, decode = engines
     ids = token_ids(n, offset=3 * n)
-    expected = prefill.generate([{"id": f"base-{n}", "prompt_token_ids": ids, "max_tokens": MAX_TOKENS}])[0]
+    expected = prefill.run_requests([{"id": f"base-{n}", "prompt_token_ids": ids, "max_tokens": MAX_TOKENS}])[0]
     prefill.call("reset_prefix_cache")
     free_before = prefill.call("free_blocks")
     pushes_before = prefill.call("stats")["worker"]["layer_pushes"]
@@ -62,7 +65,7 @@ def test_prefill_pushes_layers_into_waiting_decode(engines, token_ids, n):
                                            "transfer_id": tid}}])
     # The decode worker registers its destination with the prefill worker before the prefill starts.
     assert _wait(lambda: tid in prefill.call("stats")["worker"]["push_destinations"], 30)
-    first = prefill.generate([{"id": f"p-{n}", "prompt_token_ids": ids, "max_tokens": 1,
+    first = prefill.run_requests([{"id": f"p-{n}", "prompt_token_ids": ids, "max_tokens": 1,
                                "kv_transfer_params": {"do_remote_decode": True, "transfer_id": tid}}])[0]
     out = decode.collect([f"d-{n}"], timeout=60)[0]
 
@@ -78,12 +81,12 @@ def test_prefill_pushes_layers_into_waiting_decode(engines, token_ids, n):
 def test_prefill_first_falls_back_to_one_bulk_push(engines, token_ids):
     prefill, decode = engines
     ids = token_ids(BLOCK_SIZE + 50, offset=77)
-    expected = prefill.generate([{"id": "base-bulk", "prompt_token_ids": ids, "max_tokens": MAX_TOKENS}])[0]
+    expected = prefill.run_requests([{"id": "base-bulk", "prompt_token_ids": ids, "max_tokens": MAX_TOKENS}])[0]
     prefill.call("reset_prefix_cache")
     bulk_before = prefill.call("stats")["worker"]["bulk_pushes"]
-    first = prefill.generate([{"id": "p-bulk", "prompt_token_ids": ids, "max_tokens": 1,
+    first = prefill.run_requests([{"id": "p-bulk", "prompt_token_ids": ids, "max_tokens": 1,
                                "kv_transfer_params": {"do_remote_decode": True, "transfer_id": "lw-bulk"}}])[0]
-    out = decode.generate([{"id": "d-bulk", "prompt_token_ids": ids, "max_tokens": MAX_TOKENS,
+    out = decode.run_requests([{"id": "d-bulk", "prompt_token_ids": ids, "max_tokens": MAX_TOKENS,
                             "kv_transfer_params": first["kv_transfer_params"]}], timeout=60)[0]
     assert out["token_ids"] == expected["token_ids"]
     assert prefill.call("stats")["worker"]["bulk_pushes"] == bulk_before + 1

@@ -16,14 +16,14 @@ BLOCK_SIZE = 128
 
 
 @pytest.fixture(scope="module")
-def engine(start_engine, model_dir):
+def engine(start_engine, model_dir, netns):
     config = {"model": model_dir, "block_size": BLOCK_SIZE, "max_model_len": 1024, "max_num_seqs": 4,
               "kv_transfer_config": {"kv_connector": "AscendOffloadingConnector", "kv_role": "kv_both",
                                      "kv_connector_module_path": "ascend_kv_transfer.offloading_connector",
                                      "kv_connector_extra_config": {"host_bytes": 2 << 20}}}
-    engine = start_engine("offload", config, 0)
+    engine = start_engine("offload", config, 0, netns=netns)  # the namespace's warm host
     yield engine
-    engine.close()
+    engine.stop()
 
 
 def _tier_stats(engine, timeout=10.0):
@@ -37,13 +37,13 @@ def _tier_stats(engine, timeout=10.0):
 
 def test_shared_prefix_loads_from_host_tier(engine, token_ids):
     prompt = token_ids(5 * BLOCK_SIZE + 40, offset=17)
-    first = engine.generate([{"id": "first", "prompt_token_ids": prompt, "max_tokens": 12}])[0]
+    first = engine.run_requests([{"id": "first", "prompt_token_ids": prompt, "max_tokens": 12}])[0]
     stats = _tier_stats(engine)
     assert stats["scheduler"]["stored_blocks"] >= 5 and stats["worker"]["blocks_stored"] >= 5
     assert stats["scheduler"]["hit_tokens"] == 0
 
     engine.call("reset_prefix_cache")  # so the prefix can only come from the host tier
-    second = engine.generate([{"id": "second", "prompt_token_ids": prompt, "max_tokens": 12}])[0]
+    second = engine.run_requests([{"id": "second", "prompt_token_ids": prompt, "max_tokens": 12}])[0]
     stats = engine.call("stats")
     hits = [v for k, v in stats["scheduler"]["per_request_hits"].items() if k.startswith("second")]
     assert hits == [5 * BLOCK_SIZE]
@@ -54,7 +54,7 @@ def test_shared_prefix_loads_from_host_tier(engine, token_ids):
 def test_budget_bounds_the_tier(engine, token_ids):
     # 2 MiB / (2 layers x 64 KiB) = 16 blocks; push more than that through and the tier stays within budget.
     for i in range(3):
-        engine.generate([{"id": f"fill{i}", "prompt_token_ids": token_ids(7 * BLOCK_SIZE + 1, offset=100 + i),
+        engine.run_requests([{"id": f"fill{i}", "prompt_token_ids": token_ids(7 * BLOCK_SIZE + 1, offset=100 + i),
                           "max_tokens": 1}])
         engine.call("reset_prefix_cache")
     stats = _tier_stats(engine)

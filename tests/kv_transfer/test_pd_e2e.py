@@ -42,9 +42,12 @@ def engines(start_engine, model_dir, netns):
                            netns=netns, wait=False)
     decode = start_engine("decode", common | {"kv_transfer_config": _kv_config("kv_consumer", DECODE_PORT)}, 1,
                           netns=netns, wait=False)
-    yield prefill.wait_ready(), decode.wait_ready()
-    prefill.close()
-    decode.close()
+    prefill.started()
+    decode.started()
+    yield prefill, decode
+    for host in (prefill, decode):
+        if host.alive:  # a fault test may have killed it
+            host.stop()
 
 
 @pytest.fixture(scope="module")
@@ -52,7 +55,7 @@ def baseline(engines, token_ids):
     """Greedy outputs of a single engine (the prefill engine, no transfer) for every prompt."""
     prefill, _ = engines
     prompts = {f"len{n}": token_ids(n, offset=n) for n in LENGTHS}
-    outs = prefill.generate([{"id": f"base-{k}", "prompt_token_ids": v, "max_tokens": MAX_TOKENS}
+    outs = prefill.run_requests([{"id": f"base-{k}", "prompt_token_ids": v, "max_tokens": MAX_TOKENS}
                              for k, v in prompts.items()])
     prefill.call("reset_prefix_cache")
     return prompts, {k: o["token_ids"] for k, o in zip(prompts, outs, strict=True)}
@@ -68,7 +71,7 @@ def _wait_free(engine, target: int, timeout: float) -> int:
 
 
 def _prefill(engine, tag: str, ids: list[int]) -> dict:
-    out = engine.generate([{"id": f"p-{tag}", "prompt_token_ids": ids, "max_tokens": 1,
+    out = engine.run_requests([{"id": f"p-{tag}", "prompt_token_ids": ids, "max_tokens": 1,
                             "kv_transfer_params": {"do_remote_decode": True, "transfer_id": f"xfer-{tag}"}}])[0]
     params = out["kv_transfer_params"]
     assert params["do_remote_prefill"] and params["transfer_id"] == f"xfer-{tag}"
@@ -91,7 +94,7 @@ def test_decode_output_matches_single_engine_without_recompute(engines, baseline
     held = prefill.call("free_blocks")
     assert held < free_before, "the prefill engine must hold the prompt blocks until the decode side is done"
 
-    outs = decode.generate([{"id": f"d-{k}", "prompt_token_ids": ids, "max_tokens": MAX_TOKENS,
+    outs = decode.run_requests([{"id": f"d-{k}", "prompt_token_ids": ids, "max_tokens": MAX_TOKENS,
                              "kv_transfer_params": firsts[k]["kv_transfer_params"]} for k, ids in prompts.items()])
     stats = decode.call("stats")
     for (k, ids), out in zip(prompts.items(), outs, strict=True):
@@ -121,7 +124,7 @@ def test_prefill_frees_blocks_when_decode_never_comes(engines, baseline):
     assert prefill.call("stats")["worker"]["released_expired"] == expired_before + 1
 
     # A decode that turns up after the timeout is told the transfer expired and recomputes: same tokens.
-    out = decode.generate([{"id": "d-late", "prompt_token_ids": ids, "max_tokens": MAX_TOKENS,
+    out = decode.run_requests([{"id": "d-late", "prompt_token_ids": ids, "max_tokens": MAX_TOKENS,
                             "kv_transfer_params": first["kv_transfer_params"]}], timeout=60)[0]
     assert out["token_ids"] == expected[f"len{LENGTHS[-1]}"]
     pulled = _pulled(decode.call("stats"), "d-late")
@@ -141,7 +144,7 @@ def test_geometry_mismatch_is_rejected_at_handshake(engines, baseline, run_in_ne
     key = f"len{LENGTHS[0]}"
     params = {"do_remote_prefill": True, "remote_engine_id": f"peer-{port}", "transfer_id": f"geo-{field}",
               "remote_bootstrap_addr": f"127.0.0.1:{port}"}
-    out = decode.generate([{"id": f"d-geo-{field}", "prompt_token_ids": prompts[key], "max_tokens": MAX_TOKENS,
+    out = decode.run_requests([{"id": f"d-geo-{field}", "prompt_token_ids": prompts[key], "max_tokens": MAX_TOKENS,
                             "kv_transfer_params": params}], timeout=60)[0]
     assert out["token_ids"] == expected[key]  # recomputed locally, nothing garbage was loaded
     pulled = _pulled(decode.call("stats"), f"d-geo-{field}")
@@ -163,13 +166,13 @@ def test_prefill_killed_before_pull_then_decode_recovers(engines, baseline):
     prefill.kill()
 
     start = time.monotonic()
-    out = decode.generate([{"id": "d-killed", "prompt_token_ids": prompts[key], "max_tokens": MAX_TOKENS,
+    out = decode.run_requests([{"id": "d-killed", "prompt_token_ids": prompts[key], "max_tokens": MAX_TOKENS,
                             "kv_transfer_params": first["kv_transfer_params"]}], timeout=60)[0]
     assert time.monotonic() - start < 30
     assert out["token_ids"] == expected[key]
     pulled = _pulled(decode.call("stats"), "d-killed")
     assert not pulled["ok"]
 
-    nxt = decode.generate([{"id": "d-next", "prompt_token_ids": prompts[f"len{LENGTHS[1]}"],
+    nxt = decode.run_requests([{"id": "d-next", "prompt_token_ids": prompts[f"len{LENGTHS[1]}"],
                             "max_tokens": MAX_TOKENS}], timeout=60)[0]
     assert nxt["token_ids"] == expected[f"len{LENGTHS[1]}"]

@@ -1,8 +1,8 @@
-"""Shared engines for the platform e2e tests: each engine runs once per session in its own process.
+"""The platform suite's engines: vLLM's own CPU platform (the reference) and ours in the simulated-NPU lane.
 
-`engine_runs` starts every engine the suite needs at once (they overlap their ~30-45 s start-ups) through
-`engine_driver.py` and hands back each one's JSON. Environment: offline HF hub, 1 GiB KV space, a private vLLM
-cache root, the tiny peaked Llama from `ascend_testkit.models.tiny_llama`.
+`platform_runs` runs each engine once per session on the shared hosts (see tests/conftest.py) and keeps what it saw:
+outputs with top-5 logprobs, our usage markers, sleep/wake states, start-up errors. The demo runs beside them as a
+user types it (`ascend-vllm demo --json`).
 """
 
 from __future__ import annotations
@@ -13,82 +13,19 @@ import os
 import signal
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-DRIVER = Path(__file__).with_name("engine_driver.py")
-TIMEOUT_S = 1200
+from ascend_testkit.compare import check_logprobs_close
+from ascend_testkit.reach.collect import reach_env
+
 BLOCK_SIZE = 32
 PROMPT_LENGTHS = (5, 31, 33, 70, 100)  # inside one block, at and across block edges, chunked (64-token budget)
 MAX_TOKENS = 24
-
-
-def _v2_runnable() -> tuple[bool, str]:
-    # vLLM refuses MRV2 unless Triton has a CPU backend ("Model Runner V2 requires Triton").
-    code = "from vllm.triton_utils import HAS_TRITON; print(int(HAS_TRITON))"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
-    ok = out.stdout.strip().endswith("1")
-    return ok, "" if ok else "vLLM runs Model Runner V2 only with a Triton CPU backend, which this machine lacks"
-
-
-class EngineRuns:
-    def __init__(self, tmp: Path, model: Path, specs: dict[str, dict]) -> None:
-        self.tmp = tmp
-        self.procs: dict[str, tuple[subprocess.Popen, Path, Path]] = {}
-        self.results: dict[str, dict] = {}
-        env = {**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1",
-               "VLLM_CACHE_ROOT": str(tmp / "vllm-cache")}
-        env.pop("ASCEND_VLLM_SIMULATE", None)
-        for name, spec in specs.items():
-            spec_path, out_path, log_path = tmp / f"{name}.json", tmp / f"{name}.out.json", tmp / f"{name}.log"
-            spec_path.write_text(json.dumps({"model": str(model), **spec}))
-            if "argv" in spec:  # a command whose last stdout line is its JSON result (e.g. the demo)
-                argv, stdout, stderr = spec["argv"], open(out_path, "w"), open(log_path, "w")  # noqa: SIM115
-            else:
-                argv = [sys.executable, str(DRIVER), str(spec_path), str(out_path)]
-                stdout = stderr = open(log_path, "w")  # noqa: SIM115 (closed right after the start)
-            proc = subprocess.Popen(argv, env=env, stdout=stdout, stderr=stderr, start_new_session=True)
-            self.procs[name] = (proc, out_path, log_path)
-            stdout.close()
-            stderr.close()
-
-    def __getitem__(self, name: str) -> dict:
-        if name not in self.results:
-            proc, out_path, log_path = self.procs[name]
-            try:
-                proc.wait(timeout=TIMEOUT_S)
-            except subprocess.TimeoutExpired:
-                self._kill(proc)
-                pytest.fail(f"engine {name} did not finish in {TIMEOUT_S}s; log: {log_path}")
-            if proc.returncode != 0 or not out_path.exists():
-                tail = log_path.read_text()[-4000:]
-                pytest.fail(f"engine {name} failed (exit {proc.returncode}); log tail:\n{tail}")
-            # vLLM may log its shutdown to stdout after a command's JSON line: take the last JSON object.
-            lines = [line for line in out_path.read_text().splitlines() if line.startswith("{")]
-            if not lines:
-                pytest.fail(f"engine {name} printed no JSON; log: {log_path}")
-            self.results[name] = json.loads(lines[-1]) | {"_log": log_path.read_text()}
-        return self.results[name]
-
-    @staticmethod
-    def _kill(proc: subprocess.Popen) -> None:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=30)
-
-    def close(self) -> None:
-        for proc, _, _ in self.procs.values():
-            if proc.poll() is None:
-                self._kill(proc)
-
-
-@pytest.fixture(scope="session")
-def tiny_model(tmp_path_factory) -> Path:
-    from ascend_testkit.models.tiny_llama import cached_tiny_llama
-
-    root = Path(os.environ.get("ASCEND_VLLM_CACHE") or tmp_path_factory.mktemp("cache"))
-    return cached_tiny_llama(cache_dir=root / "models")  # the demo's --cache-dir is `root`
+ENGINE = dict(dtype="float32", max_model_len=256, enforce_eager=True, max_num_seqs=4, block_size=BLOCK_SIZE,
+              max_num_batched_tokens=64, enable_chunked_prefill=True, enable_prefix_caching=False, seed=0)
+BAD_CONFIGS = [{"no_such_option": 1}, {"graph_mode": "warp-speed"}]
+DEMO_TIMEOUT_S = 900
 
 
 @pytest.fixture(scope="session")
@@ -98,47 +35,87 @@ def prompts() -> list[str]:
     return [prompt_of_length(n, offset=3 * n) for n in PROMPT_LENGTHS]
 
 
-@pytest.fixture(scope="session")
-def v2_status() -> tuple[bool, str]:
-    return _v2_runnable()
+def run_engine(host, model, prompts, *, runner: str, sleep: bool = False, **engine) -> dict:
+    """Start an engine, generate greedily with top-5 logprobs, read our usage markers (and sleep/wake), stop."""
+    started = host.start(model, runner=runner, **(ENGINE | engine))
+    result = {"startup_s": started["startup_s"], "platform": started["platform"]}
+    result["outputs"] = host.generate(prompts, max_tokens=MAX_TOKENS, logprobs=5)["outputs"]
+    if host.lane == "simulated":
+        result["usage"] = host.usage()[0]
+    if sleep:
+        host.sleep(level=1)
+        result["asleep"] = host.usage()[0]["sleep"]
+        host.wake_up(["weights"])
+        host.wake_up(["kv_cache"])
+        result["awake"] = host.usage()[0]["sleep"]
+        result["outputs_after_sleep"] = host.generate(prompts, max_tokens=MAX_TOKENS, logprobs=5)["outputs"]
+    host.stop()
+    return result
+
+
+class PlatformRuns:
+    """Each engine of the suite, run on first use and remembered for the session."""
+
+    def __init__(self, sim_host, cpu_host, model, prompts) -> None:
+        self.sim, self.cpu, self.model, self.prompts = sim_host, cpu_host, model, prompts
+        self.results: dict[str, dict] = {}
+
+    def __getitem__(self, name: str) -> dict:
+        if name not in self.results:
+            self.results[name] = getattr(self, f"_run_{name}")()
+        return self.results[name]
+
+    def _run_cpu(self) -> dict:
+        return run_engine(self.cpu, self.model, self.prompts, runner="v1")
+
+    def _run_ascend_v1(self) -> dict:
+        return run_engine(self.sim, self.model, self.prompts, runner="v1", sleep=True, enable_sleep_mode=True,
+                          additional_config={"kernel_checks": True})
+
+    def _run_ascend_310p(self) -> dict:
+        return run_engine(self.sim, self.model, self.prompts, runner="v1", additional_config={"chip": "310P"})
+
+    def _run_bad_config(self) -> dict:
+        errors = [self.sim.start_error(self.model, runner="v1", **(ENGINE | {"additional_config": bad}))
+                  for bad in BAD_CONFIGS]
+        return {"startup_errors": errors}
 
 
 @pytest.fixture(scope="session")
-def engine_runs(tmp_path_factory, tiny_model, prompts, v2_status):
-    base = {"prompts": prompts, "max_tokens": MAX_TOKENS, "logprobs": 5}
-    specs = {
-        "cpu": {**base, "platform": "cpu", "runner": "v1"},
-        "ascend_v1": {**base, "platform": "ascend", "runner": "v1", "sleep": True,
-                      "additional_config": {"kernel_checks": True}},
-        "ascend_310p": {**base, "platform": "ascend", "runner": "v1", "additional_config": {"chip": "310P"}},
-        "bad_config": {**base, "platform": "ascend", "runner": "v1",
-                       "bad_configs": [{"no_such_option": 1}, {"graph_mode": "warp-speed"}]},
-    }
-    cache = tiny_model.parent.parent
-    specs["demo"] = {"argv": [sys.executable, "-m", "ascend_vllm.cli", "demo", "--json", "--prompts", "2",
-                              "--max-tokens", "8", "--cache-dir", str(cache)]}
-    if v2_status[0]:
-        specs["ascend_v2"] = {**base, "platform": "ascend", "runner": "v2",
-                              "additional_config": {"kernel_checks": True}}
-    runs = EngineRuns(tmp_path_factory.mktemp("engines"), tiny_model, specs)
-    yield runs
-    runs.close()
+def platform_runs(sim_host, cpu_host, tiny_model, prompts) -> PlatformRuns:
+    return PlatformRuns(sim_host, cpu_host, tiny_model, prompts)
 
 
-def check_logprobs_close(ours: list[dict], theirs: list[dict], *, name_0: str = "ours", name_1: str = "cpu") -> None:
-    """vLLM's check_logprobs_close: identical tokens, or at the first divergence each side's token is in the
-    other's top-k logprobs (after which the sequences are not compared further)."""
-    assert len(ours) == len(theirs)
-    for i, (a, b) in enumerate(zip(ours, theirs, strict=True)):
-        for pos, (ta, tb) in enumerate(zip(a["token_ids"], b["token_ids"], strict=False)):
-            if ta == tb:
-                continue
-            top_a, top_b = a["logprobs"][pos], b["logprobs"][pos]
-            assert str(ta) in top_b, f"prompt {i} pos {pos}: {name_0} token {ta} not in {name_1} top-k {top_b}"
-            assert str(tb) in top_a, f"prompt {i} pos {pos}: {name_1} token {tb} not in {name_0} top-k {top_a}"
-            break
-        else:
-            assert len(a["token_ids"]) == len(b["token_ids"]), f"prompt {i}: lengths differ"
+@pytest.fixture(scope="session")
+def demo_run(tmp_path_factory, cache_root):
+    """`ascend-vllm demo --json` as a user runs it (its own process, vLLM's default multiprocess engine)."""
+    log_path = tmp_path_factory.mktemp("demo") / "demo.log"
+    env = {**os.environ, "VLLM_CACHE_ROOT": str(log_path.parent / "vllm-cache"), **reach_env()}
+    env.pop("ASCEND_VLLM_SIMULATE", None)  # the demo turns the simulated lane on itself
+    env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "ascend_vllm.cli", "demo", "--json", "--prompts", "2",
+                                 "--max-tokens", "8", "--cache-dir", str(cache_root)],
+                                env=env, stdout=subprocess.PIPE, stderr=log, text=True, start_new_session=True)
+
+    def result() -> dict:
+        try:
+            out, _ = proc.communicate(timeout=DEMO_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=30)
+            pytest.fail(f"the demo did not finish in {DEMO_TIMEOUT_S}s; log: {log_path}")
+        lines = [line for line in out.splitlines() if line.startswith("{")]
+        if proc.returncode != 0 or not lines:
+            pytest.fail(f"the demo failed (exit {proc.returncode}); log tail:\n{log_path.read_text()[-4000:]}")
+        return json.loads(lines[-1]) | {"_log": log_path.read_text()}
+
+    yield result
+    if proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
 
 
 @pytest.fixture(scope="session")

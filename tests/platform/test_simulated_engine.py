@@ -1,40 +1,32 @@
 """The whole plugin inside a real vLLM engine (simulated-NPU lane) against vLLM's own CPU platform.
 
-Engines are shared per session (see conftest): vLLM-CPU, ours with the V1 runner (then asleep and awake), ours with
-MRV2 where vLLM can run it, ours as a 310P (private per-layer KV buffers), and a start-up with bad `additional_config`s.
+Engines run once per session on the shared hosts (see conftest): vLLM-CPU, ours with the V1 runner (then asleep and
+awake), ours as a 310P (private per-layer KV buffers), and start-ups with bad `additional_config`s.
 """
 
 from __future__ import annotations
 
 import pytest
 
-pytestmark = pytest.mark.engine
+pytestmark = [pytest.mark.engine, pytest.mark.usefixtures("demo_run")]  # the demo starts first, beside the engines
 
 
-def test_v1_greedy_matches_vllm_cpu(engine_runs, logprobs_close):
-    ours, cpu = engine_runs["ascend_v1"], engine_runs["cpu"]
+def test_v1_greedy_matches_vllm_cpu(platform_runs, logprobs_close):
+    ours, cpu = platform_runs["ascend_v1"], platform_runs["cpu"]
     assert ours["usage"]["facts"]["runner"] == "v1"
     assert all(len(o["token_ids"]) == 24 for o in ours["outputs"])
     logprobs_close(ours["outputs"], cpu["outputs"])
 
 
-def test_mrv2_greedy_matches_vllm_cpu(engine_runs, logprobs_close, v2_status):
-    if not v2_status[0]:
-        pytest.skip(v2_status[1])
-    ours, cpu = engine_runs["ascend_v2"], engine_runs["cpu"]
-    assert ours["usage"]["facts"]["runner"] == "v2"
-    logprobs_close(ours["outputs"], cpu["outputs"])
-
-
-def test_310p_private_kv_buffers_match_vllm_cpu(engine_runs, logprobs_close):
-    ours = engine_runs["ascend_310p"]
+def test_310p_private_kv_buffers_match_vllm_cpu(platform_runs, logprobs_close):
+    ours = platform_runs["ascend_310p"]
     assert ours["usage"]["facts"]["kv_mode"] == "private" and ours["usage"]["counts"]["allocator.private"] >= 1
     assert ours["usage"]["facts"]["attention_backend"] == "ASCEND_310P"
-    logprobs_close(ours["outputs"], engine_runs["cpu"]["outputs"])
+    logprobs_close(ours["outputs"], platform_runs["cpu"]["outputs"])
 
 
-def test_our_allocator_backend_and_kernels_did_the_work(engine_runs):
-    usage = engine_runs["ascend_v1"]["usage"]
+def test_our_allocator_backend_and_kernels_did_the_work(platform_runs):
+    usage = platform_runs["ascend_v1"]["usage"]
     counts, facts = usage["counts"], usage["facts"]
     assert usage["attention_impls"] == ["AscendAttentionImpl"]  # no vLLM attention impl in the model
     assert counts["allocator.shared"] >= 1 and facts["allocator"] == "ascend_core.kv.allocator.allocate_kv_caches"
@@ -46,8 +38,8 @@ def test_our_allocator_backend_and_kernels_did_the_work(engine_runs):
     assert facts["runner_class"].startswith("ascend_platform.worker.")
 
 
-def test_sleep_and_wake_leave_generation_unchanged(engine_runs):
-    run = engine_runs["ascend_v1"]
+def test_sleep_and_wake_leave_generation_unchanged(platform_runs):
+    run = platform_runs["ascend_v1"]
     assert run["asleep"]["sleeping"] == ["kv_cache", "weights"]
     assert run["asleep"]["weights_numel"] == 0 and run["asleep"]["kv_bound"] is False
     assert run["awake"]["sleeping"] == [] and run["awake"]["kv_bound"] is True
@@ -55,8 +47,8 @@ def test_sleep_and_wake_leave_generation_unchanged(engine_runs):
     assert [o["token_ids"] for o in run["outputs_after_sleep"]] == [o["token_ids"] for o in run["outputs"]]
 
 
-def test_bad_additional_config_fails_startup_with_one_line(engine_runs):
-    unknown, bad_value = engine_runs["bad_config"]["startup_errors"]
+def test_bad_additional_config_fails_startup_with_one_line(platform_runs):
+    unknown, bad_value = platform_runs["bad_config"]["startup_errors"]
     for err in (unknown, bad_value):
         assert err is not None, "start-up should have failed"
         assert "\n" not in err["message"].strip(), err["message"]
@@ -65,8 +57,8 @@ def test_bad_additional_config_fails_startup_with_one_line(engine_runs):
     assert "'piecewise'" in bad_value["message"]  # the allowed values are named
 
 
-def test_demo_runs_through_our_platform(engine_runs, tiny_model):
-    demo = engine_runs["demo"]
+def test_demo_runs_through_our_platform(demo_run, tiny_model):
+    demo = demo_run()
     assert demo["platform"] == "SimulatedNPUPlatform" and demo["kernel_backend"] == "reference"
     assert demo["attention"] == ["AscendAttentionImpl"] and demo["model"] == str(tiny_model)
     assert demo["output_tokens"] == 16 and demo["tokens_per_s"] > 0 and demo["startup_s"] > 0

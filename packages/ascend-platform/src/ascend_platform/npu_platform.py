@@ -192,7 +192,12 @@ class AscendNPUPlatform(AscendPlatformBase):
 
     @classmethod
     def import_kernels(cls) -> None:
-        import torch_npu  # noqa: F401  (registers the npu device; only on a real device)
+        # The kernel facade imports torch_npu (registering the npu device) and says why when it cannot.
+        from ascend_kernels.npu_probe import torch_npu_status
+
+        status = torch_npu_status()
+        if not status.usable:
+            raise RuntimeError(f"the Ascend NPU platform needs torch_npu with a device: {status.reason}")
 
     @classmethod
     def get_device_name(cls, device_id: int = 0) -> str:

@@ -50,8 +50,12 @@ class AclGraphBackend:
 
     def __init__(self) -> None:
         import torch
-        import torch_npu  # noqa: F401  (registers torch.npu)
 
+        from ascend_kernels.npu_probe import torch_npu_status
+
+        status = torch_npu_status()  # the kernel facade imports torch_npu, which registers torch.npu
+        if not status.usable:
+            raise RuntimeError(f"ACL graphs need torch_npu with a device: {status.reason}")
         self._torch = torch
 
     def capture(self, forward: Forward) -> Any:

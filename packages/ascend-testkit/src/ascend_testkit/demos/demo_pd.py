@@ -1,6 +1,7 @@
 """`ascend-vllm demo-pd`: disaggregated prefill between two real vLLM engines over Mooncake, side by side.
 
-A prefill engine (kv_producer, core 0) and a decode engine (kv_consumer, core 1) run in a loopback-only network
+A prefill engine (kv_producer, core 0) and a decode engine (kv_consumer, core 1), on our platform in the simulated-NPU
+lane by default (`--lane cpu`: vLLM's own CPU platform), run in a loopback-only network
 namespace with `AscendMooncakeConnector`; each prompt is first answered by the prefill engine alone (the single-engine
 reference), then prefilled there and decoded on the other engine with the KV moved over Mooncake. Needs root (for the
 namespace) and `mooncake-transfer-engine` (`pip install "ascend-kv-transfer[mooncake]"`).
@@ -23,6 +24,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-tokens", type=int, default=12)
     parser.add_argument("--block-size", type=int, default=128)
     parser.add_argument("--port", type=int, default=35100, help="prefill side-channel base port")
+    parser.add_argument("--lane", choices=("simulated", "cpu"), default="simulated",
+                        help="the engines' platform: our simulated-NPU lane (default) or vLLM's own CPU platform")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     parser.add_argument("--serve", action="store_true",
                         help="as users deploy: two `ascend-vllm serve` servers and `ascend-vllm router` on loopback, "
@@ -41,32 +44,34 @@ def run(args: argparse.Namespace) -> int:
         return run_serving(args)
     from transformers import AutoTokenizer
 
-    from ascend_kv_transfer.engine_harness.client import EngineProcess, engine_env
+    from ascend_testkit.engine import EngineHost
     from ascend_testkit.models.tiny_llama import cached_tiny_llama, prompt_of_length
     from ascend_testkit.netns import LoopbackNamespace
 
     model = args.model or str(cached_tiny_llama())
     tok = AutoTokenizer.from_pretrained(model)
     lengths = [int(x) for x in args.lengths.split(",") if x.strip()]
-    common = {"model": model, "block_size": args.block_size, "max_model_len": max(lengths) + args.max_tokens + 8,
-              "max_num_seqs": 4}
+    common = dict(dtype="float32", enforce_eager=True, seed=0, block_size=args.block_size,
+                  max_model_len=max(lengths) + args.max_tokens + 8, max_num_seqs=4)
     rows = []
     with tempfile.TemporaryDirectory(prefix="demo-pd-") as tmp, LoopbackNamespace() as ns:
         print("starting the prefill and decode engines (about a minute) ...", file=sys.stderr, flush=True)
-        procs = [EngineProcess(common | {"kv_transfer_config": _kv(role, args.port + 100 * i)}, wait=False, netns=ns,
-                               env=engine_env(Path(tmp) / role, i), log_path=Path(tmp) / f"{role}.log")
+        procs = [EngineHost(role, lane=args.lane, log_dir=Path(tmp), cpus=i, netns=ns)
+                 .start(model, wait=False, kv_transfer_config=_kv(role, args.port + 100 * i), **common)
                  for i, role in enumerate(("kv_producer", "kv_consumer"))]
         try:
-            prefill, decode = (p.wait_ready() for p in procs)
+            for p in procs:
+                p.started()
+            prefill, decode = procs
             for n in lengths:
                 ids = tok(prompt_of_length(n, offset=n))["input_ids"]
-                single = prefill.generate([{"id": f"single-{n}", "prompt_token_ids": ids,
+                single = prefill.run_requests([{"id": f"single-{n}", "prompt_token_ids": ids,
                                             "max_tokens": args.max_tokens}])[0]
                 prefill.call("reset_prefix_cache")
-                first = prefill.generate([{"id": f"prefill-{n}", "prompt_token_ids": ids, "max_tokens": 1,
+                first = prefill.run_requests([{"id": f"prefill-{n}", "prompt_token_ids": ids, "max_tokens": 1,
                                            "kv_transfer_params": {"do_remote_decode": True,
                                                                   "transfer_id": f"demo-{n}"}}])[0]
-                out = decode.generate([{"id": f"decode-{n}", "prompt_token_ids": ids, "max_tokens": args.max_tokens,
+                out = decode.run_requests([{"id": f"decode-{n}", "prompt_token_ids": ids, "max_tokens": args.max_tokens,
                                         "kv_transfer_params": first["kv_transfer_params"]}])[0]
                 rows.append({
                     "prompt_tokens": n,
@@ -78,7 +83,7 @@ def run(args: argparse.Namespace) -> int:
                     "kv_landed_ms": round((out["t_landed"] - out["t_add"]) * 1000, 1) if out["t_landed"] else None,
                     "decode_ms": round((out["t_end"] - out["t_add"]) * 1000, 1),
                 })
-            stats = decode.call("stats")["worker"]
+            stats = decode.stats()["worker"]
         finally:
             for p in procs:
                 p.close()

@@ -52,19 +52,20 @@ class EngineHost:
         self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log,
                                      env=host_env)
         self._waiting: deque[tuple[str, float]] = deque([("hello", HELLO_TIMEOUT_S)])
+        self._buffer = b""
         self.pid: int | None = None
         self.engine: dict[str, Any] | None = None
 
     # ---- the pipe -------------------------------------------------------------------------------------------------
-    def send(self, op: str, timeout: float = CALL_TIMEOUT_S, **kwargs: Any) -> EngineHost:
-        """Send a command without waiting for its reply (read it with `receive`)."""
+    def send(self, op: str, wait_s: float = CALL_TIMEOUT_S, **kwargs: Any) -> EngineHost:
+        """Send a command without waiting for its reply (read it with `receive`, within `wait_s`)."""
         if self.proc.poll() is not None:
             raise EngineError(f"engine host {self.name} has exited ({self.proc.returncode}); log tail:\n"
                               f"{self.log_tail()}")
         assert self.proc.stdin is not None
         self.proc.stdin.write((json.dumps({"op": op, **kwargs}) + "\n").encode())
         self.proc.stdin.flush()
-        self._waiting.append((op, timeout))
+        self._waiting.append((op, wait_s))
         return self
 
     def receive(self) -> Any:
@@ -83,29 +84,34 @@ class EngineHost:
                       f"{err.get('traceback', '')}", err)
         return reply["result"]
 
-    def call(self, op: str, timeout: float = CALL_TIMEOUT_S, **kwargs: Any) -> Any:
+    def call(self, op: str, wait_s: float = CALL_TIMEOUT_S, **kwargs: Any) -> Any:
         while any(w[0] != "hello" for w in self._waiting):
             self.receive()  # replies come in order: take what an earlier `send` left first
-        return self.send(op, timeout, **kwargs).receive()
+        return self.send(op, wait_s, **kwargs).receive()
 
     def _read_line(self, timeout: float, what: str) -> dict[str, Any]:
+        # Raw reads into our own buffer: a buffered reader could swallow two replies in one read, and `select` on
+        # the pipe would then wait for a second reply that already came.
         assert self.proc.stdout is not None
+        fd = self.proc.stdout.fileno()
         deadline = time.monotonic() + timeout
-        while True:
+        while b"\n" not in self._buffer:
             left = deadline - time.monotonic()
             if left <= 0:
                 raise EngineError(f"engine host {self.name} gave no answer to {what} within {timeout:.0f} s "
                                   f"(log: {self.log_path})")
-            readable, _, _ = select.select([self.proc.stdout], [], [], min(left, 1.0))
+            readable, _, _ = select.select([fd], [], [], min(left, 1.0))
             if readable:
-                line = self.proc.stdout.readline()
-                if not line:
+                chunk = os.read(fd, 1 << 16)
+                if not chunk:
                     raise EngineError(f"engine host {self.name} exited ({self.proc.wait(timeout=30)}) during "
                                       f"{what}; log tail:\n{self.log_tail()}")
-                return json.loads(line)
-            if self.proc.poll() is not None:
+                self._buffer += chunk
+            elif self.proc.poll() is not None:
                 raise EngineError(f"engine host {self.name} exited ({self.proc.returncode}) during {what}; "
                                   f"log tail:\n{self.log_tail()}")
+        line, _, self._buffer = self._buffer.partition(b"\n")
+        return json.loads(line)
 
     def log_tail(self, n: int = 40) -> str:
         try:
@@ -204,6 +210,10 @@ class EngineHost:
         return self.call("engine_steps")
 
     # ---- the process ----------------------------------------------------------------------------------------------
+    @property
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
     def kill(self) -> None:
         """Kill the host hard (fault injection); its engine dies with it."""
         if self.proc.poll() is None:

@@ -33,21 +33,46 @@ def _error(exc: BaseException) -> dict[str, Any]:
     return {"type": type(exc).__name__, "message": str(exc), "traceback": traceback.format_exc()[-4000:]}
 
 
-def serve(out, stdin=None) -> None:
+class CommandReader:
+    """Lines from a pipe without Python's buffering, so `select` never misses a command already read."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self.buffer = b""
+        self.eof = False
+
+    def ready(self, timeout: float) -> bool:
+        if b"\n" in self.buffer or self.eof:
+            return True
+        readable, _, _ = select.select([self.fd], [], [], timeout)
+        if readable:
+            chunk = os.read(self.fd, 1 << 16)
+            self.buffer += chunk
+            self.eof = not chunk
+        return b"\n" in self.buffer or self.eof
+
+    def line(self) -> str | None:
+        if b"\n" not in self.buffer:
+            return None
+        line, _, self.buffer = self.buffer.partition(b"\n")
+        return line.decode()
+
+
+def serve(out, stdin_fd: int = 0) -> None:
     from ascend_testkit.engine.session import EngineSession
 
-    stdin = stdin or sys.stdin
+    reader = CommandReader(stdin_fd)
     session = EngineSession()
     out.write(json.dumps({"ok": True, "result": {"hello": True, "pid": os.getpid()}}) + "\n")
     while True:
         busy = session.busy()
-        readable, _, _ = select.select([stdin], [], [], 0 if busy else IDLE_POLL_S)
-        if not readable:
+        if not reader.ready(0 if busy else IDLE_POLL_S):
             if busy:
                 session.step()
             continue
-        line = stdin.readline()
-        if not line:
+        line = reader.line()
+        if line is None:  # end of input: the client is gone
+            session.stop()
             break
         cmd = json.loads(line)
         op = cmd.pop("op")

@@ -40,6 +40,17 @@ def _resolve(path: str) -> Any:
     return obj
 
 
+def _forget_process_caches() -> None:
+    """vLLM caches per-process choices a new engine must make again: the attention backend is cached on the layer's
+    shape alone, so an engine with another platform policy (e.g. the 310P chip) would inherit the last one's."""
+    from vllm.v1.attention import selector
+
+    for name in ("_cached_get_attn_backend", "_cached_get_mamba_attn_backend"):
+        cached = getattr(selector, name, None)
+        if cached is not None and hasattr(cached, "cache_clear"):
+            cached.cache_clear()
+
+
 class EngineSession:
     def __init__(self) -> None:
         self.llm: Any = None
@@ -48,6 +59,8 @@ class EngineSession:
         self.done: dict[str, dict[str, Any]] = {}
         self.landed: dict[str, float] = {}
         self._mark: list[Any] | None = None
+        # An engine pins this process's threads (the worker's OpenMP binding); the next one starts from all of them.
+        self._affinity = os.sched_getaffinity(0)
 
     # ---- life cycle -----------------------------------------------------------------------------------------------
     def start(self, model: str, engine: Mapping[str, Any] | None = None, env: Mapping[str, str] | None = None,
@@ -95,7 +108,9 @@ class EngineSession:
 
             destroy_model_parallel()
             destroy_distributed_environment()
+            _forget_process_caches()
             gc.collect()
+            os.sched_setaffinity(0, self._affinity)
 
     def _engine(self) -> Any:
         if self.llm is None:

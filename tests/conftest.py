@@ -1,0 +1,80 @@
+"""Session-wide fixtures of the cross-package tests: the tiny model, the shared engine hosts, the network namespace.
+
+Every engine-level suite runs its engines on the hosts of ONE `HostPool` (`ascend_testkit.engine`): a host pays
+vLLM's import once, then starts engines in seconds. Hosts: "sim" (simulated-NPU lane) and "cpu" (vLLM's own CPU
+platform, the reference), plus the pinned hosts inside the loopback-only namespace that connector tests ask for.
+
+Reach: unless `ASCEND_TESTKIT_REACH` names a folder already, the session collects the engine processes' coverage in
+a temporary one (`ascend_testkit.reach`); `tests/reach` checks it after every other test.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from ascend_testkit.reach.collect import REACH_ENV
+
+REACH_TEST_DIR = Path(__file__).parent / "reach"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if not os.environ.get(REACH_ENV):
+        import tempfile
+
+        os.environ[REACH_ENV] = tempfile.mkdtemp(prefix="ascend-reach-")
+
+
+def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
+    # The reach check reads what the engine tests of this session recorded: it runs after all of them.
+    items.sort(key=lambda item: Path(str(item.path)).is_relative_to(REACH_TEST_DIR))
+
+
+@pytest.fixture(scope="session")
+def cache_root(tmp_path_factory) -> Path:
+    root = os.environ.get("ASCEND_VLLM_CACHE")
+    return Path(root) if root else tmp_path_factory.mktemp("ascend-cache")
+
+
+@pytest.fixture(scope="session")
+def tiny_model(cache_root) -> Path:
+    from ascend_testkit.models.tiny_llama import cached_tiny_llama
+
+    return cached_tiny_llama(cache_dir=cache_root / "models")  # the demo's --cache-dir is `cache_root`
+
+
+@pytest.fixture(scope="session")
+def host_pool(tmp_path_factory):
+    from ascend_testkit.engine import HostPool
+
+    pool = HostPool(tmp_path_factory.mktemp("engine-hosts"))
+    yield pool
+    leftovers = pool.close()
+    assert not leftovers, f"engine hosts still running: {leftovers}"
+
+
+@pytest.fixture(scope="session")
+def sim_host(host_pool):
+    """The simulated-NPU lane's host (engines one after another)."""
+    return host_pool.get("sim", lane="simulated")
+
+
+@pytest.fixture(scope="session")
+def cpu_host(host_pool):
+    """vLLM's own CPU platform (no plugin): the reference engines."""
+    return host_pool.get("cpu", lane="cpu")
+
+
+@pytest.fixture(scope="session")
+def netns():
+    """A loopback-only network namespace (Mooncake listens on 0.0.0.0 whatever it is told)."""
+    from ascend_testkit.netns import LoopbackNamespace, NetnsUnavailableError
+
+    try:
+        ns = LoopbackNamespace()
+    except NetnsUnavailableError as e:
+        pytest.fail(f"needs a loopback-only network namespace (run as root with util-linux and iproute2): {e}")
+    yield ns
+    ns.close()
