@@ -17,9 +17,14 @@ pytestmark = pytest.mark.mooncake
 
 @pytest.fixture(scope="module")
 def scenarios(netns, tmp_path_factory, here):
+    import os
+
+    from ascend_testkit.reach.collect import reach_env
+
     logs = tmp_path_factory.mktemp("store-scenarios")
     proc = netns.popen([sys.executable, str(here / "store_scenarios.py"), "all", "51000", str(logs)],
-                       stdout=subprocess.PIPE, stderr=open(logs / "stderr.log", "wb"))  # noqa: SIM115
+                       stdout=subprocess.PIPE, stderr=open(logs / "stderr.log", "wb"),  # noqa: SIM115
+                       env=dict(os.environ) | reach_env())
     try:
         out, _ = proc.communicate(timeout=300)
     except subprocess.TimeoutExpired:
