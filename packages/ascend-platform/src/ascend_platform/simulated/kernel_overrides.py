@@ -102,7 +102,8 @@ def register_for_lane() -> None:
 
     if not triton_interpreter.enabled():
         CpuPlatform.register_triton_kernel_overrides()
-        usage.note("triton", "off")
+        lane = triton_interpreter.status()
+        usage.note("triton", "native" if lane.mode == "native" else "off")
         return
     if _registered:
         return
