@@ -92,6 +92,11 @@ def own_host(tmp_path_factory, netns):
 
 
 @pytest.fixture(scope="session")
+def engine_defaults() -> dict:
+    return dict(ENGINE_DEFAULTS)
+
+
+@pytest.fixture(scope="session")
 def start_engine():
     """`start_engine(host, model, kv_transfer_config, wait=True, **engine)`: an engine on `host` (LLM keyword
     arguments over the suite's defaults); with wait=False, call `host.started()` later."""

@@ -1,6 +1,7 @@
 """The KV pool (AscendStoreConnector) between real vLLM engines over a real mooncake_master, and its faults.
 
-Engines run in separate processes inside the session's loopback-only network namespace, all on one master:
+An engine pointed at no master fails to start with the named error. Then engines run in separate processes inside
+the session's loopback-only network namespace, all on one master:
 A (pool, the session's PYTHONHASHSEED, core 0) and B (pool with switchable faults, PYTHONHASHSEED=22, core 1, its
 own host); then A makes way for a disaggregated pair P (MultiConnector: P2P producer + pool, core 0) and D (P2P
 consumer, core 1). The tests share them and run in file order: the last one kills the master.
@@ -110,6 +111,14 @@ def _pd(p, d, tag: str, ids: list[int]) -> dict:
     return _run(d, f"d-{tag}", ids, kv_transfer_params=first["kv_transfer_params"])
 
 
+def test_master_absent_at_start_is_a_named_error(shared_host, model_dir, engine_defaults):
+    kv = _pool("127.0.0.1:50999", master_connect_timeout_s=1.0)
+    err = shared_host(0).start_error(model_dir, **(engine_defaults | {"kv_transfer_config": kv}))
+    assert err is not None and err["type"] == "PoolUnavailableError", err
+    assert "Mooncake master at 127.0.0.1:50999 is unreachable" in err["message"]
+    assert "over 1 s failed" in err["message"] and "master_server_address" in err["message"]
+
+
 def test_prefix_saved_by_one_engine_loads_in_another(engines, token_ids):
     assert os.environ.get("PYTHONHASHSEED") != B_HASHSEED  # A's engine hashes blocks with another seed than B's
     a, b = engines["A"], engines["B"]
@@ -186,17 +195,21 @@ def test_prefill_saves_to_the_pool_while_decode_pulls_p2p(pd, token_ids):
     assert _hits(_settled(pd, "B"), "b-pd") == [3 * BLOCK]
 
 
-def test_master_killed_mid_run_serving_continues(pd, token_ids, master):
+def test_master_killed_mid_run_serving_continues(pd, token_ids, master, start_master):
     p, d, b = pd["P"], pd["D"], pd["B"]
     pooled = token_ids(5 * BLOCK + 40, offset=17)  # in the pool since the first test
     ref = _run(d, "d-ref-kill", pooled)
     d.reset_prefix_cache()
     b.reset_prefix_cache()
     master.kill()
-    out_b = _run(b, "b-after-kill", pooled)  # B's lookup fails: it computes the prompt
-    out_pd = _pd(p, d, "after-kill", pooled)  # the disaggregated pair goes on without its pool
-    assert out_b["token_ids"] == ref["token_ids"] and out_pd["token_ids"] == ref["token_ids"]
-    stats = _settled(pd, "B", timeout=60)
-    assert stats["scheduler"]["pool_enabled"] is False and _hits(stats, "b-after-kill") == []
-    assert stats["free_blocks"] == pd["free"]["B"]
-    assert _settled(pd, "P", timeout=60)["free_blocks"] == pd["free"]["P"]
+    try:
+        out_b = _run(b, "b-after-kill", pooled)  # B's lookup fails: it computes the prompt
+        out_pd = _pd(p, d, "after-kill", pooled)  # the disaggregated pair goes on without its pool
+        assert out_b["token_ids"] == ref["token_ids"] and out_pd["token_ids"] == ref["token_ids"]
+        stats = _settled(pd, "B", timeout=60)
+        assert stats["scheduler"]["pool_enabled"] is False and _hits(stats, "b-after-kill") == []
+        assert stats["free_blocks"] == pd["free"]["B"]
+        assert _settled(pd, "P", timeout=60)["free_blocks"] == pd["free"]["P"]
+    finally:
+        # a master on the port again, so the engines' Mooncake clients shut down in ~2 s instead of ~7 s each
+        start_master(MASTER_PORT)
