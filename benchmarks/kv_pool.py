@@ -81,14 +81,18 @@ def _engine_config(tokens: int) -> dict:
                                               "global_segment_size": 0}}}
 
 
-def _wait_saved(engine, timeout: float = 60.0) -> dict:
+def _settle_and_reset(engine, free: int, timeout: float = 60.0) -> dict:
+    """Wait until the pool's saves are done and every block is free again (a held request's blocks are released a
+    step after its saves end), then reset the engine's own prefix cache (it refuses while blocks are in use)."""
     deadline = time.monotonic() + timeout
     while True:
         stats = engine.stats()
-        if stats["worker"]["pending_saves"] == 0 and stats["worker"]["held_requests"] == 0:
+        settled = stats["free_blocks"] == free and not stats["worker"]["pending_saves"] \
+            and not stats["worker"]["held_requests"]
+        if settled and engine.reset_prefix_cache():
             return stats
         if time.monotonic() > deadline:
-            raise TimeoutError("saves still pending")
+            raise TimeoutError(f"the engine did not settle: {stats['free_blocks']} of {free} blocks free")
         time.sleep(0.05)
 
 
@@ -115,20 +119,24 @@ def run(args: argparse.Namespace) -> dict:
             log("starting the engine (8-layer random Llama, one core) ...")
             engine = EngineHost("kv-pool-bench", lane="cpu", log_dir=root, cpus=0, netns=ns)
             engine.start(model, **_engine_config(args.tokens))
+            free = engine.free_blocks()
             scratch, pooled, loads, landed, local = [], [], [], [], []
             for i in range(args.prompts):
                 ids = tok(prompt_of_length(args.tokens, offset=101 * i + 5))["input_ids"]
                 first = engine.run_requests([{"id": f"scratch-{i}", "prompt_token_ids": ids, "max_tokens": 1}])[0]
-                _wait_saved(engine)
-                engine.reset_prefix_cache()
+                _settle_and_reset(engine, free)
                 second = engine.run_requests([{"id": f"pool-{i}", "prompt_token_ids": ids, "max_tokens": 1}])[0]
-                stats = _wait_saved(engine)
+                stats = engine.stats()
                 # the same prefix from the engine's own prefix cache: the floor a pool hit can reach here
                 third = engine.run_requests([{"id": f"local-{i}", "prompt_token_ids": ids, "max_tokens": 1}])[0]
-                engine.reset_prefix_cache()
+                _settle_and_reset(engine, free)
                 if first["token_ids"] != second["token_ids"]:
                     raise RuntimeError(f"prompt {i}: pooled output differs from the computed one")
-                load = next(v for k, v in stats["worker"]["recent_loads"].items() if k.startswith(f"pool-{i}"))
+                load = next((v for k, v in stats["worker"]["recent_loads"].items() if k.startswith(f"pool-{i}")), None)
+                if load is None:
+                    worker = {k: v for k, v in stats["worker"].items() if k != "recent_loads"}
+                    raise RuntimeError(f"prompt {i}: no load from the pool; scheduler {stats['scheduler']}, "
+                                       f"worker {worker}")
                 if load["failed"]:
                     raise RuntimeError(f"prompt {i}: {load['failed']} blocks failed to load")
                 landed.append(((second["t_landed"] or second["t_first"]) - second["t_add"]) * 1000)

@@ -128,7 +128,8 @@ def roundtrip(port: int, log: Path) -> dict:
         tokens, async_load = sched.get_num_new_matched_tokens(req2, 2 * BLOCK)
         blocks = SimpleNamespace(get_block_ids=lambda: ([100 + i for i in range(9)],))
         sched.update_state_after_alloc(req2, blocks, tokens)
-        step = sched.build_step(SimpleNamespace(preempted_req_ids=set(), num_scheduled_tokens={}))
+        step = sched.build_step(SimpleNamespace(preempted_req_ids=set(), num_scheduled_tokens={},
+                                                total_num_scheduled_tokens=0))
         b.start_step(step)
         _, recv, invalid = drain(b, want_recv={"r2"})
         return {"hit_tokens": tokens, "async": async_load, "load_blocks": step.loads[0].block_ids,
@@ -251,7 +252,8 @@ def save_planning(port: int, log: Path) -> dict:
 
             def step(scheduled: int, preempted=(), sched=sched):
                 built = sched.build_step(SimpleNamespace(preempted_req_ids=set(preempted),
-                                                         num_scheduled_tokens={"r": scheduled}))
+                                                         num_scheduled_tokens={"r": scheduled},
+                                                         total_num_scheduled_tokens=scheduled))
                 return [t.block_ids[0] for t in built.saves], built.finished_saves, built.preempted
 
             steps = [step(3 * BLOCK + 5)]  # the prompt's forward: its 3 full blocks

@@ -183,7 +183,7 @@ def test_prefill_saves_to_the_pool_while_decode_pulls_p2p(pd, token_ids):
     p, d, b = pd["P"], pd["D"], pd["B"]
     ids = token_ids(3 * BLOCK + 50, offset=53)
     ref = _run(d, "d-local", ids)
-    d.reset_prefix_cache()
+    assert d.reset_prefix_cache()
     out = _pd(p, d, "pd", ids)
     assert out["token_ids"] == ref["token_ids"]
     pulled = [v for k, v in d.stats()["worker"]["pulled"].items() if k.startswith("d-pd")]
@@ -199,8 +199,8 @@ def test_master_killed_mid_run_serving_continues(pd, token_ids, master, start_ma
     p, d, b = pd["P"], pd["D"], pd["B"]
     pooled = token_ids(5 * BLOCK + 40, offset=17)  # in the pool since the first test
     ref = _run(d, "d-ref-kill", pooled)
-    d.reset_prefix_cache()
-    b.reset_prefix_cache()
+    assert d.reset_prefix_cache()
+    assert b.reset_prefix_cache()
     master.kill()
     try:
         out_b = _run(b, "b-after-kill", pooled)  # B's lookup fails: it computes the prompt
