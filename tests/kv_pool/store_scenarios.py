@@ -28,11 +28,20 @@ LAYERS = ("layers.0", "layers.1")
 PAGE_SHAPE = (2, 8, 1024)  # 64 KiB float32 pages: one object is 128 KiB
 
 
+def _die_with_parent() -> None:
+    """The master is killed with this process, even if a scenario crashes it (PR_SET_PDEATHSIG = SIGKILL)."""
+    import ctypes
+    import signal
+
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)
+
+
 def start_master(port: int, log: Path, **flags) -> subprocess.Popen:
     binary = Path(sys.executable).with_name("mooncake_master")
     argv = [str(binary), f"--rpc_port={port}", "--rpc_address=127.0.0.1", f"--metrics_port={port + 1}",
             "--metrics_host=127.0.0.1", *[f"--{k}={v}" for k, v in flags.items()]]
-    proc = subprocess.Popen(argv, stdout=open(log, "wb"), stderr=subprocess.STDOUT)  # noqa: SIM115
+    proc = subprocess.Popen(argv, stdout=open(log, "wb"), stderr=subprocess.STDOUT,  # noqa: SIM115
+                            preexec_fn=_die_with_parent)
     import socket
 
     deadline = time.monotonic() + 20
