@@ -10,8 +10,8 @@ from ascend_kernels.reference.batch_prep import compute_slot_mapping
 from ascend_kernels.reference.cache_write import reshape_and_cache, reshape_and_cache_mla
 from ascend_kernels.reference.gumbel import gumbel_sample
 from ascend_kernels.reference.layers import rms_norm, rotary_embedding, silu_and_mul
-from ascend_kernels.reference.mla_prefill import gather_mla_cache, mla_prefill_attention
 from ascend_kernels.reference.logprobs import gather_logprobs, token_ranks
+from ascend_kernels.reference.mla_prefill import gather_mla_cache, mla_prefill_attention
 from ascend_kernels.reference.moe import fused_moe_reference, topk_softmax
 from ascend_kernels.reference.rejection import rejection_sample
 from ascend_kernels.reference.sampling import sample, sample_greedy

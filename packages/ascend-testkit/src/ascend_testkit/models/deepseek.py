@@ -40,7 +40,8 @@ class TinyDeepseekSpec:
     seed: int = 0
     # MoE (n_routed_experts=None: every layer dense).
     n_routed_experts: int | None = None
-    n_shared_experts: int = 0
+    n_shared_experts: int | None = None
+    """None keeps the config class's default (the field cannot be None in transformers' config)."""
     num_experts_per_tok: int | None = None
     moe_intermediate_size: int = 32
     n_group: int | None = None
@@ -75,7 +76,8 @@ def _config(spec: TinyDeepseekSpec):
         # Dense everywhere unless experts are asked for: every layer below first_k_dense_replace is dense.
         first_k_dense_replace=spec.first_k_dense_replace if moe else spec.num_layers,
         n_routed_experts=spec.n_routed_experts if moe else 1,
-        n_shared_experts=spec.n_shared_experts if moe else None, num_experts_per_tok=spec.num_experts_per_tok if moe else 1,
+        n_shared_experts=spec.n_shared_experts if moe else None,
+        num_experts_per_tok=spec.num_experts_per_tok if moe else 1,
         n_group=spec.n_group, topk_group=spec.topk_group, norm_topk_prob=spec.norm_topk_prob,
         routed_scaling_factor=spec.routed_scaling_factor,
     )
