@@ -132,6 +132,8 @@ class AscendMLAMetadataBuilder(AttentionMetadataBuilder[AscendMLAMetadata]):
         if isinstance(m.causal, torch.Tensor) or not m.causal:
             raise NotImplementedError("ASCEND_MLA serves causal decoder attention only")
         nd, npf, nd_tokens, _ = split_decodes_and_prefills(m, decode_threshold=self.reorder_batch_threshold)
+        if nd and npf:
+            usage.count("attention.ascend_mla.mixed_batches")
         n = m.num_reqs
         block_table = m.block_table_tensor[:n].to(torch.int32)
         seq_lens = m.seq_lens[:n].to(torch.int32)
