@@ -168,11 +168,13 @@ class AscendPlatformBase(Platform):
 
         vllm_config = get_current_vllm_config_or_none()
         ascend = ascend_config_of(vllm_config) if vllm_config is not None else AscendConfig()
-        hf_config = getattr(getattr(vllm_config, "model_config", None), "hf_text_config", None)
+        model_config = getattr(vllm_config, "model_config", None)
+        model_type = getattr(getattr(model_config, "hf_config", None), "model_type", None)
+        hf_config = getattr(model_config, "hf_text_config", None)
         choice = AttentionChoice(
             use_mla=bool(attn_selector_config.use_mla),
             use_sparse=bool(attn_selector_config.use_sparse),
-            compressed=getattr(hf_config, "model_type", None) in _COMPRESSED_MODEL_TYPES,
+            compressed=model_type in _COMPRESSED_MODEL_TYPES,
             is_310p=cls.chip(ascend) == "310P",
         )
         register_backend_names()

@@ -43,7 +43,7 @@ class BackendCaps:
 
 CAPS = {
     "ASCEND": BackendCaps("ASCEND", context_parallel=True),
-    "ASCEND_310P": BackendCaps("ASCEND_310P"),
+    "ASCEND_310P": BackendCaps("ASCEND_310P", context_parallel=True),
     "ASCEND_MLA": BackendCaps("ASCEND_MLA"),
 }
 
