@@ -106,6 +106,14 @@ class MLARuns:
         finally:
             self.sim.stop()
 
+    def _run_ascend_v2(self) -> dict:
+        """Model Runner V2 (its per-step Triton kernels through the interpreter and our stand-ins)."""
+        self.sim.start(self.model, runner="v2", **(ENGINE | OURS))
+        try:
+            return {"outputs": self._generate(self.sim), "usage": self.sim.usage()[0]}
+        finally:
+            self.sim.stop()
+
     def _run_float64(self) -> dict:
         return {"outputs": float64_outputs(self.model, self.prompts, MAX_TOKENS, LOGPROBS)}
 

@@ -15,6 +15,13 @@ def test_mla_matches_vllm_cpu_mla(mla_runs, mla_settings, logprobs_close):
     logprobs_close(ours["outputs"], cpu["outputs"], name_1="vLLM CPU_MLA")
 
 
+def test_mla_on_model_runner_v2_matches_vllm_cpu_mla(mla_runs, logprobs_close):
+    ours = mla_runs["ascend_v2"]
+    assert ours["usage"]["facts"]["runner"] == "v2" and ours["usage"]["attention_impls"] == ["AscendMLAImpl"]
+    assert ours["usage"]["counts"]["attention.ascend_mla.context_prefills"] > 0  # chunked prefill on MRV2 too
+    logprobs_close(ours["outputs"], mla_runs["cpu"]["outputs"], name_1="vLLM CPU_MLA")
+
+
 def test_mla_matches_transformers_in_float64(mla_runs, logprobs_close):
     logprobs_close(mla_runs["ascend"]["outputs"], mla_runs["float64"]["outputs"], name_1="transformers float64")
 
