@@ -90,7 +90,7 @@ def _config(spec: TinyDeepseekSpec):
     else:
         config = DeepseekV2Config(**common, topk_method="group_limited_greedy" if spec.n_group else "greedy")
     config.architectures = [ARCHITECTURES[spec.model_type]]
-    config.torch_dtype = "float32"
+    config.dtype = "float32"
     return config
 
 
@@ -118,7 +118,7 @@ def build_tiny_deepseek(path: str | os.PathLike, spec: TinyDeepseekSpec = TinyDe
     _save_tokenizer(path, spec.vocab_size)
     config = _config(spec)
     torch.manual_seed(spec.seed)
-    model = AutoModelForCausalLM.from_config(config, torch_dtype=torch.float32)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     with torch.no_grad():
         for name, param in model.named_parameters():
             if "layernorm" in name or name.endswith("norm.weight"):
