@@ -71,8 +71,8 @@ def float64_outputs(model, prompts: list[str], max_tokens: int, logprobs: int) -
 
 
 class MLARuns:
-    def __init__(self, sim_host, cpu_host, model, prompts) -> None:
-        self.sim, self.cpu, self.model, self.prompts = sim_host, cpu_host, model, prompts
+    def __init__(self, pool, sim_host, cpu_host, model, prompts) -> None:
+        self.pool, self.sim, self.cpu, self.model, self.prompts = pool, sim_host, cpu_host, model, prompts
         self.results: dict[str, dict] = {}
 
     def __getitem__(self, name: str) -> dict:
@@ -107,12 +107,14 @@ class MLARuns:
             self.sim.stop()
 
     def _run_ascend_v2(self) -> dict:
-        """Model Runner V2 (its per-step Triton kernels through the interpreter and our stand-ins)."""
-        self.sim.start(self.model, runner="v2", **(ENGINE | OURS))
+        """Model Runner V2 (its per-step Triton kernels through the interpreter and our stand-ins), on a host of its
+        own: a process turns Triton's interpreter on only if its first engine is not a V1 one."""
+        host = self.pool.get("sim-mrv2", lane="simulated")
+        host.start(self.model, runner="v2", **(ENGINE | OURS))
         try:
-            return {"outputs": self._generate(self.sim), "usage": self.sim.usage()[0]}
+            return {"outputs": self._generate(host), "usage": host.usage()[0]}
         finally:
-            self.sim.stop()
+            host.stop()
 
     def _run_float64(self) -> dict:
         return {"outputs": float64_outputs(self.model, self.prompts, MAX_TOKENS, LOGPROBS)}
@@ -122,8 +124,8 @@ class MLARuns:
 
 
 @pytest.fixture(scope="session")
-def mla_runs(sim_host, cpu_host, mla_model, mla_prompts) -> MLARuns:
-    return MLARuns(sim_host, cpu_host, mla_model, mla_prompts)
+def mla_runs(host_pool, sim_host, cpu_host, mla_model, mla_prompts) -> MLARuns:
+    return MLARuns(host_pool, sim_host, cpu_host, mla_model, mla_prompts)
 
 
 @pytest.fixture(scope="session")
