@@ -50,8 +50,8 @@ def run_engine(name: str, model: Path, max_tokens: int, workdir: Path, round_no:
     from ascend_testkit.models.tiny_llama import prompt_of_length
 
     lane, runner = ENGINES[name]
-    with EngineHost(f"{name}-{round_no}", lane=lane, log_dir=workdir) as host:
-        started = host.start(model, runner=runner, **(ENGINE | EXTRA.get(name, {})))
+    with EngineHost(f"{name}-{round_no}", lane=lane, runner=runner, log_dir=workdir) as host:
+        started = host.start(model, **(ENGINE | EXTRA.get(name, {})))
         prompts = [prompt_of_length(8, offset=13 * i) for i in range(4)]
         host.generate(prompts, max_tokens=4, ignore_eos=True)  # warm-up
         prefill_s = host.generate(prompts, max_tokens=1, ignore_eos=True)["seconds"]

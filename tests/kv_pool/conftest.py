@@ -63,10 +63,10 @@ def start_master(netns, tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def shared_host(host_pool, netns):
+def shared_host(netns_host):
     """`shared_host(cpu)`: the session's warm CPU-lane host pinned to `cpu` inside the namespace."""
     def get(cpu: int):
-        return host_pool.get(f"cpu-cpu{cpu}-netns", lane="cpu", netns=netns, cpus=cpu)
+        return netns_host("cpu", cpu)
 
     return get
 
@@ -80,7 +80,7 @@ def own_host(tmp_path_factory, netns):
     hosts = []
 
     def make(name: str, cpu: int, env: dict[str, str]):
-        host = EngineHost(name, lane="cpu", log_dir=root, cpus=cpu, env=env, netns=netns)
+        host = EngineHost(name, lane="cpu", runner="v1", log_dir=root, cpus=cpu, env=env, netns=netns)
         hosts.append(host)
         return host
 

@@ -71,8 +71,8 @@ def float64_outputs(model, prompts: list[str], max_tokens: int, logprobs: int) -
 
 
 class MLARuns:
-    def __init__(self, pool, sim_host, cpu_host, model, prompts) -> None:
-        self.pool, self.sim, self.cpu, self.model, self.prompts = pool, sim_host, cpu_host, model, prompts
+    def __init__(self, sim_v1_host, sim_host, cpu_host, model, prompts) -> None:
+        self.sim, self.mrv2, self.cpu, self.model, self.prompts = sim_v1_host, sim_host, cpu_host, model, prompts
         self.results: dict[str, dict] = {}
 
     def __getitem__(self, name: str) -> dict:
@@ -84,14 +84,14 @@ class MLARuns:
         return host.generate(self.prompts, max_tokens=MAX_TOKENS, logprobs=LOGPROBS)["outputs"]
 
     def _run_cpu(self) -> dict:
-        started = self.cpu.start(self.model, runner="v1", **(ENGINE | REFERENCE))
+        started = self.cpu.start(self.model, **(ENGINE | REFERENCE))
         try:
             return {"platform": started["platform"], "outputs": self._generate(self.cpu)}
         finally:
             self.cpu.stop()
 
     def _run_ascend(self) -> dict:
-        started = self.sim.start(self.model, runner="v1", **(ENGINE | OURS))
+        started = self.sim.start(self.model, **(ENGINE | OURS))
         try:
             result = {"platform": started["platform"], "outputs": self._generate(self.sim)}
             result["usage"] = self.sim.usage()[0]
@@ -107,10 +107,9 @@ class MLARuns:
             self.sim.stop()
 
     def _run_ascend_v2(self) -> dict:
-        """Model Runner V2 (its per-step Triton kernels through the interpreter and our stand-ins), on a host of its
-        own: a process turns Triton's interpreter on only if its first engine is not a V1 one."""
-        host = self.pool.get("sim-mrv2", lane="simulated")
-        host.start(self.model, runner="v2", **(ENGINE | OURS))
+        """Model Runner V2 (its per-step Triton kernels through the interpreter and our stand-ins)."""
+        host = self.mrv2
+        host.start(self.model, **(ENGINE | OURS))
         try:
             return {"outputs": self._generate(host), "usage": host.usage()[0]}
         finally:
@@ -120,12 +119,12 @@ class MLARuns:
         return {"outputs": float64_outputs(self.model, self.prompts, MAX_TOKENS, LOGPROBS)}
 
     def _run_refusal(self) -> dict:
-        return {"fp8": self.sim.start_error(self.model, runner="v1", **(ENGINE | OURS | {"kv_cache_dtype": "fp8"}))}
+        return {"fp8": self.sim.start_error(self.model, **(ENGINE | OURS | {"kv_cache_dtype": "fp8"}))}
 
 
 @pytest.fixture(scope="session")
-def mla_runs(host_pool, sim_host, cpu_host, mla_model, mla_prompts) -> MLARuns:
-    return MLARuns(host_pool, sim_host, cpu_host, mla_model, mla_prompts)
+def mla_runs(sim_v1_host, sim_host, cpu_host, mla_model, mla_prompts) -> MLARuns:
+    return MLARuns(sim_v1_host, sim_host, cpu_host, mla_model, mla_prompts)
 
 
 @pytest.fixture(scope="session")

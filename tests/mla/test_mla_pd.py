@@ -27,11 +27,11 @@ def _kv_config(role: str, port: int) -> dict:
 
 
 @pytest.fixture(scope="module")
-def pd_engines(host_pool, netns, mla_model):
+def pd_engines(netns_host, mla_model):
     hosts = []
     for role, port, cpu in (("kv_producer", PREFILL_PORT, 0), ("kv_consumer", DECODE_PORT, 1)):
-        host = host_pool.get(f"simulated-cpu{cpu}-netns", lane="simulated", netns=netns, cpus=cpu)
-        host.start(str(mla_model), runner="v1", wait=False, kv_transfer_config=_kv_config(role, port), **ENGINE)
+        host = netns_host("simulated", cpu)
+        host.start(str(mla_model), wait=False, kv_transfer_config=_kv_config(role, port), **ENGINE)
         hosts.append(host)
     for host in hosts:
         host.started()
