@@ -20,6 +20,7 @@ import pytest
 from ascend_testkit.reach.collect import REACH_ENV
 
 REACH_TEST_DIR = Path(__file__).parent / "reach"
+_OWN_REACH_DIR = pytest.StashKey[str]()
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -27,6 +28,15 @@ def pytest_configure(config: pytest.Config) -> None:
         import tempfile
 
         os.environ[REACH_ENV] = tempfile.mkdtemp(prefix="ascend-reach-")
+        config.stash[_OWN_REACH_DIR] = os.environ[REACH_ENV]
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    own = config.stash.get(_OWN_REACH_DIR, None)
+    if own:
+        import shutil
+
+        shutil.rmtree(own, ignore_errors=True)
 
 
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
