@@ -66,3 +66,29 @@ def test_overlapping_pages_within_a_layer_are_rejected():
     t = torch.as_strided(raw, (8, 64), (32, 1))
     with pytest.raises(KVLayoutError, match="pages overlap"):
         describe_kv_caches({"x": t})
+
+
+def test_registered_memory_is_what_the_views_cover_not_the_allocation_padding():
+    # Like the Ascend allocator with a KV transfer: the buffer starts on a 2 MiB boundary inside a padded allocation.
+    align, page, blocks = 2 << 20, 4096, 16
+    raw = torch.zeros(2 * blocks * page + align, dtype=torch.int8)
+    pad = -raw.data_ptr() % align
+    backing = raw[pad:pad + 2 * blocks * page]
+    views = {f"l{i}": backing[i * blocks * page:(i + 1) * blocks * page].view(blocks, page) for i in range(2)}
+    kv = describe_kv_caches(views)
+    assert [(s.addr, s.nbytes) for s in kv.storages] == [(backing.data_ptr(), backing.numel())]
+    assert kv.storages[0].addr % align == 0
+
+
+def test_buffers_with_gaps_in_one_allocation_register_apart():
+    # Private per-layer buffers cut from one slab, each on its own boundary: the gaps are not KV.
+    slab = torch.zeros(3 * 4096, dtype=torch.int8)
+    views = {"a": slab[:1024].view(4, 256), "b": slab[4096:4096 + 1024].view(4, 256)}
+    kv = describe_kv_caches(views)
+    assert [(s.addr - slab.data_ptr(), s.nbytes) for s in kv.storages] == [(0, 1024), (4096, 1024)]
+
+
+def test_interleaved_layers_register_as_one_span():
+    raw = torch.zeros(8, 2, 64)  # blocks x layers x page: the layers' extents overlap
+    kv = describe_kv_caches({"a": raw[:, 0, :], "b": raw[:, 1, :]})
+    assert [(s.addr, s.nbytes) for s in kv.storages] == [(raw.data_ptr(), raw.nbytes)]
