@@ -42,7 +42,7 @@ class AscendMooncakeLayerwiseConnector(AscendMooncakeConnector):
     def save_kv_layer(self, layer_name: str, kv_layer: torch.Tensor, attn_metadata: AttentionMetadata,
                       **kwargs: Any) -> None:
         assert isinstance(self._worker, LayerwiseWorker)
-        self._worker.save_layer(layer_name)
+        self._worker.save_layer(layer_name, kv_layer)
 
     def wait_for_save(self) -> None:
         assert isinstance(self._worker, LayerwiseWorker)
