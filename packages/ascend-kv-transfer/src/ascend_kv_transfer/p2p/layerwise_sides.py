@@ -67,11 +67,15 @@ class LayerwiseScheduler(P2PScheduler):
 
 
 class LayerwiseWorker(P2PWorker):
+    """The pushes of a step come from the step's metadata as the forward pass sees it: vLLM binds the metadata
+    before the forward but calls `start_load_kv` after it when the step loads nothing synchronously, so per-step
+    state set there would arrive one forward too late."""
+
     agent_cls = LayerwiseAgent
 
     def __init__(self, **kwargs):
         super().__init__(**kwargs)
-        self._pushes: dict[str, PushPlan] = {}
+        self._step: P2PStep | None = None
         self._pushed_layers: set[str] = set()
         self._device: torch.device | None = None
         self.layers_saved = 0
@@ -83,31 +87,32 @@ class LayerwiseWorker(P2PWorker):
 
     def start_step(self, step: P2PStep) -> None:
         assert isinstance(self.agent, LayerwiseAgent)
-        self._pushes = dict(getattr(step, "pushes", None) or {})
-        self._pushed_layers = set()
         super().start_step(step)
         for job in step.send.values():
             self.agent.finish(job.transfer_id, job.block_ids)
 
-    def save_layer(self, layer: str, kv_layer: torch.Tensor | None = None) -> None:
+    def save_layer(self, layer: str, kv_layer: torch.Tensor | None, step: P2PStep) -> None:
         """From `save_kv_layer`, right after the layer's attention queued its cache write: queue its pushes."""
-        if self._queue_layer(layer, kv_layer.device if kv_layer is not None else self._device):
+        if self._queue_layer(layer, kv_layer.device if kv_layer is not None else self._device, step):
             self.layers_saved += 1
 
-    def end_step(self) -> None:
-        """Layers `save_kv_layer` was not called for this step (e.g. a backend outside the hook) go out now."""
+    def end_step(self, step: P2PStep) -> None:
+        """From `wait_for_save`: layers `save_kv_layer` was not called for (a backend outside the hook) go out now."""
         for layer in self.layer_groups:
-            if layer not in self._pushed_layers and self._queue_layer(layer, self._device):
+            if self._queue_layer(layer, self._device, step):
                 self.layers_saved_late += 1
-        self._pushes = {}
+        self._step = None
 
-    def _queue_layer(self, layer: str, device: torch.device | None) -> bool:
+    def _queue_layer(self, layer: str, device: torch.device | None, step: P2PStep) -> bool:
         assert isinstance(self.agent, LayerwiseAgent)
-        if layer not in self.layer_groups or not self._pushes:
+        if step is not self._step:
+            self._step, self._pushed_layers = step, set()
+        pushes = getattr(step, "pushes", None)
+        if layer not in self.layer_groups or layer in self._pushed_layers or not pushes:
             return False
         self._pushed_layers.add(layer)
         written = kv_written_on(device)
-        for plan in self._pushes.values():
+        for plan in pushes.values():
             self.agent.push_layer(plan.transfer_id, layer, plan.block_ids, plan.lo, plan.hi, written)
         return True
 
