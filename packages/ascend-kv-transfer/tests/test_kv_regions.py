@@ -50,8 +50,15 @@ def test_kernel_blocks_merge_into_manager_blocks():
 
 def test_non_contiguous_page_is_rejected_with_the_layer_name():
     t = torch.zeros(2, 8, 4, 8).transpose(0, 1)  # heads outside blocks: a page is strided
-    with pytest.raises(KVLayoutError, match="'bad'.*not contiguous"):
+    with pytest.raises(KVLayoutError, match="'bad'.*not one dense range"):
         describe_kv_caches({"bad": t})
+
+
+def test_a_dense_page_in_another_order_is_one_page():
+    # LBNHC as vLLM views it [B, H, N, C]: a block's tokens lie outside its heads, yet its page is one byte range.
+    t = torch.zeros(8, 4, 2, 16).permute(0, 2, 1, 3)
+    kv = describe_kv_caches({"nhd": t})
+    assert kv.regions[0].page_bytes == 2 * 4 * 16 * 4 == kv.regions[0].block_stride
 
 
 def test_overlapping_layers_are_rejected():

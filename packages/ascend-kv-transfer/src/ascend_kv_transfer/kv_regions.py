@@ -5,8 +5,8 @@ backing buffer. What a transfer engine registers is the memory the views cover: 
 merged where they touch or overlap (registering the same memory twice fails or double-counts). Not the whole
 allocation behind them: an allocator may pad its buffers to align them (the Ascend allocator starts each KV buffer
 on a 2 MiB boundary, which the device transports require of a registered base), and the padding is not KV.
-A layer's block must be one contiguous page, and no two layers' pages may overlap; anything else is rejected with
-the layer's name.
+A layer's block must be one dense page (a gap-free byte range, in any internal order), and no two layers' pages
+may overlap; anything else is rejected with the layer's name.
 """
 
 from __future__ import annotations
@@ -63,9 +63,10 @@ def describe_kv_caches(kv_caches: Mapping[str, torch.Tensor], num_blocks: int | 
                                     f"{num_blocks} blocks")
             ratio = kernel_blocks // num_blocks
         page = tensor[0]
-        if not page.is_contiguous():
-            raise KVLayoutError(f"layer {name!r}: a block's page is not contiguous (shape {tuple(tensor.shape)}, "
-                                f"strides {tensor.stride()}); use a block-major layer layout such as LBHNC")
+        if not _dense(page):
+            raise KVLayoutError(f"layer {name!r}: a block's page is not one dense range of bytes (shape "
+                                f"{tuple(tensor.shape)}, strides {tensor.stride()}); use a block-major layer layout "
+                                "such as LBHNC")
         kernel_page = page.nbytes
         kernel_stride = tensor.stride(0) * tensor.element_size()
         if kernel_stride < kernel_page:
@@ -79,6 +80,18 @@ def describe_kv_caches(kv_caches: Mapping[str, torch.Tensor], num_blocks: int | 
                                    group=(groups or {}).get(name, 0)))
     _check_no_overlap(regions)
     return KVRegions(regions, [s for spans in extents.values() for s in _merge(spans)])
+
+
+def _dense(page: torch.Tensor) -> bool:
+    """The page fills one gap-free byte range, in whatever order its dimensions are laid out (e.g. LBNHC stores a
+    block's tokens outside its heads): such a page moves as one piece, and both sides agree on the layout."""
+    dims = sorted((stride, size) for size, stride in zip(page.shape, page.stride(), strict=True) if size > 1)
+    expected = 1
+    for stride, size in dims:
+        if stride != expected:
+            return False
+        expected *= size
+    return True
 
 
 def _extent(name: str, tensor: torch.Tensor) -> tuple[int, int]:
