@@ -238,7 +238,39 @@ def master_dies(port: int, log: Path) -> dict:
             "worker": a.stats_dict(), "reason": a.client.disabled_reason or sched.client.disabled_reason}
 
 
-SCENARIOS = {f.__name__: f for f in (roundtrip, eviction, put_raises, master_dies)}
+def save_planning(port: int, log: Path) -> dict:
+    """Which blocks the scheduler hands to the workers to save, step by step, with and without output blocks."""
+    master = start_master(port, log)
+    try:
+        out = {}
+        for save_output in (False, True):
+            sched = make_scheduler(options(port), PoolKeys("test/plan"), save_output_blocks=save_output)
+            sched.kv_cache_manager = SimpleNamespace(get_block_ids=lambda req_id: ([40 + i for i in range(8)],))
+            req = request("r", 3 * BLOCK + 5)
+            sched.update_state_after_alloc(req, None, 0)
+
+            def step(scheduled: int, preempted=(), sched=sched):
+                built = sched.build_step(SimpleNamespace(preempted_req_ids=set(preempted),
+                                                         num_scheduled_tokens={"r": scheduled}))
+                return [t.block_ids[0] for t in built.saves], built.finished_saves, built.preempted
+
+            steps = [step(3 * BLOCK + 5)]  # the prompt's forward: its 3 full blocks
+            req.num_computed_tokens = 3 * BLOCK + 5
+            req.append_output_token_ids(list(range(20)))
+            steps.append(step(1))  # a decode step filling no block
+            req.num_computed_tokens = 4 * BLOCK + 8
+            steps.append(step(1))  # the 4th block (prompt tail + output) is full now
+            steps.append(step(1, preempted=["r"]))  # preempted: its blocks are recomputed and saved again
+            finished = sched.request_finished(req)
+            steps.append(step(0))
+            out[f"save_output_{save_output}"] = {"steps": steps, "finished": finished,
+                                                 "tracked_after": len(sched.hashes)}
+        return out
+    finally:
+        master.kill()
+
+
+SCENARIOS = {f.__name__: f for f in (roundtrip, eviction, put_raises, master_dies, save_planning)}
 
 if __name__ == "__main__":
     # `all` runs every scenario in this one process (vLLM imports once), each against its own master.

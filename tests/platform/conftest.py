@@ -109,7 +109,7 @@ def demo_run(tmp_path_factory, cache_root):
         lines = [line for line in out.splitlines() if line.startswith("{")]
         if proc.returncode != 0 or not lines:
             pytest.fail(f"the demo failed (exit {proc.returncode}); log tail:\n{log_path.read_text()[-4000:]}")
-        return json.loads(lines[-1]) | {"_log": log_path.read_text()}
+        return json.loads(lines[-1]) | {"_log": log_path.read_text(), "_stdout": out}
 
     yield result
     if proc.poll() is None:

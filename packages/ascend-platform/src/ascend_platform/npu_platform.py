@@ -61,9 +61,15 @@ class AscendPlatformBase(Platform):
         """A bad draft fails start-up with one `SpeculativeConfigError` instead of silently accepting nothing."""
         if vllm_config.speculative_config is None:
             return
-        from ascend_specdecode import validate_speculative_config
+        from ascend_specdecode import SpeculativeConfigError, validate_speculative_config
+        from ascend_specdecode.methods import DRAFT_MODEL
 
         family = validate_speculative_config(vllm_config.speculative_config, vllm_config.model_config)
+        if family == DRAFT_MODEL and vllm_config.use_v2_model_runner:
+            # Else the worker fails while building the runner, after the engine processes have started.
+            raise SpeculativeConfigError(
+                "speculative method 'draft_model' runs only on the V1 runner with the Ascend plugin (its Model Runner "
+                "V2 speculators are dspark, dflash, mtp and eagle); set VLLM_USE_V2_MODEL_RUNNER=0")
         logger.info("speculative decoding: %s drafts (%s)", family, vllm_config.speculative_config.method)
 
     @classmethod

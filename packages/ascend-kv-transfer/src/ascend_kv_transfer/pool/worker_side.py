@@ -124,6 +124,7 @@ class PoolWorker:
         t0 = time.perf_counter()
         failed_at: set[int] = set()  # positions in the job whose object failed in some group
         keys: list[str] = []
+        sizes: list[list[int]] = []
         nbytes = 0
         try:
             assert self.layout is not None, "register_kv_caches() first"
@@ -153,7 +154,8 @@ class PoolWorker:
             self.stats.bytes_loaded += nbytes
             self.stats.load_failed_blocks += len(failed_at)
             self.stats.blocks_loaded += job.num_blocks - len(failed_at)
-            self.recent_loads[job.req_id] = {"keys": keys, "bytes": nbytes, "seconds": dt, "failed": len(failed_at)}
+            self.recent_loads[job.req_id] = {"keys": keys, "bytes": nbytes, "seconds": dt, "failed": len(failed_at),
+                                             "buffer_sizes": sizes[0] if keys else []}
             while len(self.recent_loads) > 64:
                 self.recent_loads.pop(next(iter(self.recent_loads)))
         self._loaded.put(LoadResult(job.req_id, failed))
