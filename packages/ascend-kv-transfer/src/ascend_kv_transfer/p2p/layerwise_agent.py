@@ -13,7 +13,9 @@ overlapped with compute).
 
 from __future__ import annotations
 
+import logging
 import threading
+import time
 from dataclasses import dataclass, field
 
 from ascend_kv_transfer.p2p import schema
@@ -26,8 +28,12 @@ from ascend_kv_transfer.p2p.plan import Entries, build_entries, coalesce_runs
 from ascend_kv_transfer.p2p.schema import LayerRegion, TransferState
 from ascend_kv_transfer.p2p.side_channel import Deferred
 
+logger = logging.getLogger(__name__)
+
 # Bound on a push thread's wait for a layer's KV write on the device (a healthy step takes milliseconds).
 KV_WRITTEN_TIMEOUT_S = 30.0
+# Bound on waiting for writes already running before the KV memory is unregistered (queued ones are skipped).
+DRAIN_S = 30.0
 
 
 @dataclass
@@ -65,6 +71,20 @@ class LayerwiseAgent(MooncakeAgent):
     def _push_state(self, transfer_id: str) -> PushState:
         with self._lock:
             return self._pushes.setdefault(transfer_id, PushState())
+
+    def unregister(self) -> None:
+        """Fail the pushes and let the writes already on the wire finish (bounded) before the memory goes away."""
+        with self._lock:
+            pushes = list(self._pushes.values())
+        for st in pushes:
+            with st.lock:
+                st.fail("the prefill's KV memory is being released")
+        deadline = time.monotonic() + DRAIN_S
+        while self.writes_queued() and time.monotonic() < deadline:
+            time.sleep(0.001)
+        if self.writes_queued():
+            logger.error("%d layerwise writes still running after %.0f s", self.writes_queued(), DRAIN_S)
+        super().unregister()
 
     def _forget_held(self, why: str) -> None:
         super()._forget_held(why)

@@ -21,7 +21,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -37,6 +37,8 @@ logger = logging.getLogger(__name__)
 Report = Callable[[Handoff, PullResult], None]
 # Replies one `advance` takes for one hand-off before moving on (handshake answer, then the ask sent at once).
 _MOVES_PER_ADVANCE = 4
+# Bound on waiting for reads already running when the hand-offs are abandoned (Mooncake times a transfer out itself).
+DRAIN_S = 30.0
 
 
 @dataclass(eq=False)
@@ -84,8 +86,12 @@ class StepDriver:
         self._running = remaining
 
     def abandon_all(self, reason: str) -> None:
-        """Fail every hand-off now (e.g. our KV memory was re-allocated under them); the prefills hear a release."""
+        """Fail every hand-off now (e.g. our KV memory is released under them); the prefills hear a release. A read
+        already on the thread cannot be stopped: wait for it (bounded), so no transfer outlives the memory."""
         running, self._running = self._running, []
+        reading = [run.reading for run in running if run.reading is not None and not run.reading.done()]
+        if reading and wait(reading, timeout=DRAIN_S).not_done:
+            logger.error("abandoned KV reads still running after %.0f s", DRAIN_S)
         for run in running:
             self._fail(run, RuntimeError(reason))
 
@@ -168,7 +174,11 @@ class StepDriver:
                 if time.monotonic() > deadline:  # every step of the protocol is bounded; this is a backstop
                     self.abandon_all(f"transfer {handoff.transfer_id!r} still running after {bound_s:g} s")
                     break
-                self.channel.wait(_wait_s(self._running[0]))
+                run = self._running[0]
+                if run.reading is not None:  # the read is on the thread: sleep on it, not on the sockets
+                    wait([run.reading], timeout=0.1)
+                else:
+                    self.channel.wait(_wait_s(run))
             # The DONE or release went out unanswered: wait for the peer to take it (bounded by the side channel's
             # timeout), so a blocking caller returns with the prefill's blocks already released.
             while self.channel.in_flight():
@@ -184,8 +194,6 @@ class StepDriver:
 
 def _wait_s(run: _Running) -> float:
     """How long a blocking caller may sleep on the side channel before the hand-off can move again."""
-    if run.reading is not None:
-        return 0.0005
     if run.asked is not None:
         return 0.005  # the wait ends as soon as the answer arrives
     return max(0.0, min(run.handoff.retry_at - time.monotonic(), 0.005))
