@@ -44,10 +44,6 @@ ENGINE_DEFAULTS = dict(dtype="float32", enforce_eager=True, seed=0, max_model_le
                        block_size=128, enable_prefix_caching=True)
 
 
-# vLLM's own choice of model runner in each lane (the simulated lane runs MRV2 through Triton's interpreter).
-DEFAULT_RUNNER = {"cpu": "v1", "simulated": "v2"}
-
-
 @pytest.fixture(scope="session")
 def start_engine(host_pool, netns_host):
     """`start_engine(name, config, cpu, netns=None, wait=True, lane="cpu", runner=None)`: an engine on the session's
@@ -58,7 +54,10 @@ def start_engine(host_pool, netns_host):
 
     def start(name: str, config: dict, cpu: int, netns=None, wait: bool = True, lane: str = "cpu",
               runner: str | None = None):
-        runner = runner or DEFAULT_RUNNER[lane]
+        from ascend_testkit.engine import default_runner
+
+        # vLLM's own choice in each lane (the simulated lane runs MRV2 through Triton's interpreter where it can).
+        runner = runner or default_runner(lane)
         host = (netns_host(lane, cpu, runner) if netns is not None
                 else host_pool.get(f"{lane}-{runner}-cpu{cpu}", lane=lane, runner=runner, cpus=cpu))
         engine = ENGINE_DEFAULTS | LANE_DEFAULTS[lane] | {k: v for k, v in config.items() if k != "model"}

@@ -4,6 +4,7 @@ Everything else in the plugin asks this package: probes computed once per proces
 and small adapters for each known difference. Nothing outside it compares version strings.
 """
 
+from ascend_core.upstream.attention_names import register_attention_backend
 from ascend_core.upstream.errors import SUPPORTED_RANGE, UpstreamContractError
 from ascend_core.upstream.kv_page import kv_spec_page_shape, kv_tensor_shares_config_backing
 from ascend_core.upstream.kv_tensor import kv_tensor_cls, kv_tensor_geometry, kv_tensor_layers, make_kv_tensor
@@ -18,6 +19,7 @@ from ascend_core.upstream.pcp import (
 )
 from ascend_core.upstream.planner import planner_function
 from ascend_core.upstream.probes import ProbeResult, default_loader, run_probes
+from ascend_core.upstream.runner import bind_kv_cache_kwargs, mrv2_unavailable_reason, resolved_kv_cache_layout
 from ascend_core.upstream.speculator import (
     DP_ARG_NAMES,
     pop_speculator_dp,
@@ -33,6 +35,7 @@ __all__ = [
     "Lane",
     "ProbeResult",
     "UpstreamContractError",
+    "bind_kv_cache_kwargs",
     "capabilities",
     "default_loader",
     "detect_capabilities",
@@ -46,6 +49,7 @@ __all__ = [
     "mla_ratio",
     "mla_ratio_field",
     "mla_ratio_kwargs",
+    "mrv2_unavailable_reason",
     "pcp_has_capture_buffers",
     "pcp_init_kwargs",
     "pcp_partition_arg",
@@ -53,6 +57,8 @@ __all__ = [
     "planner_function",
     "pop_speculator_dp",
     "public_version",
+    "register_attention_backend",
+    "resolved_kv_cache_layout",
     "run_probes",
     "speculator_dp_arg",
     "speculator_dp_kwargs",

@@ -6,12 +6,15 @@ objects through a loader so tests can hand it stand-ins shaped like another rele
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import importlib
 import importlib.util
 import inspect
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 Loader = Callable[[str, "str | None"], Any]
@@ -126,6 +129,52 @@ def _probe_kv_spec_registry(load: Loader) -> tuple[bool, Any, str]:
     return True, ok, "vllm.v1.kv_cache_spec_registry" + ("" if ok else " absent")
 
 
+_BIND_MODULE = "vllm.v1.worker.utils"
+_MRV2_ATTN_MODULE = "vllm.v1.worker.gpu.attn_utils"
+# What Ascend's MRV2 runner (ascend_platform.worker.model_runner_v2) calls or patches, by name.
+_MRV2_INIT_KV_CACHE_PARAMS = ("kv_cache_allocation_context", "block_tables", "attn_groups")
+
+
+def function_params(load: Loader, module: str, name: str) -> list[str] | None:
+    """Parameter names of `module.name`, or None when the module does not define it.
+
+    A module not imported yet is read from its source (ast) instead: importing vLLM's runner modules imports
+    Triton, which must not happen before the simulated platform has decided how Triton runs.
+    """
+    if load is not default_loader or module in sys.modules:
+        fn = getattr(load(module, None), name, None)
+        return None if fn is None else list(inspect.signature(fn).parameters)
+    spec = importlib.util.find_spec(module)
+    if spec is None or not spec.origin:
+        raise ModuleNotFoundError(f"no module named {module!r}")
+    tree = ast.parse(Path(spec.origin).read_text(encoding="utf-8"))
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.name == name:
+            a = node.args
+            return [p.arg for p in (*a.posonlyargs, *a.args, *a.kwonlyargs)]
+    return None
+
+
+def probe_mrv2_kv_hooks(load: Loader) -> tuple[bool, Any, str]:
+    """Whether Ascend's MRV2 runner can allocate and bind its KV cache on this vLLM (value True/False).
+
+    Always ok (MRV2 is optional: the V1 runner serves without it); the detail names what is missing.
+    """
+    if not module_exists(_MRV2_ATTN_MODULE):
+        return True, False, f"{_MRV2_ATTN_MODULE} absent (no Model Runner V2)"
+    missing = []
+    if function_params(load, _BIND_MODULE, "bind_kv_cache_to_layers") is None:
+        missing.append(f"{_BIND_MODULE}.bind_kv_cache_to_layers")
+    params = function_params(load, _MRV2_ATTN_MODULE, "init_kv_cache")
+    if params is None:
+        missing.append(f"{_MRV2_ATTN_MODULE}.init_kv_cache")
+    else:
+        missing += [f"init_kv_cache({p}=...)" for p in _MRV2_INIT_KV_CACHE_PARAMS if p not in params]
+    if missing:
+        return True, False, "Ascend's Model Runner V2 needs what this vLLM lacks: " + ", ".join(missing)
+    return True, True, "init_kv_cache(kv_cache_allocation_context, block_tables, attn_groups), bind_kv_cache_to_layers"
+
+
 # (name, required, probe). Required probes are those without which no lane adapter can work.
 PROBES: tuple[tuple[str, bool, Callable[[Loader], tuple[bool, Any, str]]], ...] = (
     ("kv_tensor_layer_field", True, _probe_kv_tensor_layer_field),
@@ -139,6 +188,7 @@ PROBES: tuple[tuple[str, bool, Callable[[Loader], tuple[bool, Any, str]]], ...] 
     ("logits_skip_gather", False, _probe_logits_skip_gather),
     ("connector_unregister_kv_caches", False, _probe_connector_unregister),
     ("kv_spec_registry", False, _probe_kv_spec_registry),
+    ("mrv2_kv_hooks", False, probe_mrv2_kv_hooks),
 )
 
 

@@ -47,12 +47,11 @@ class AttentionChoice:
 
 def register_backend_names() -> None:
     """Give vLLM's `AttentionBackendEnum` our backends' names (layers look their backend up by `get_name()`)."""
-    from vllm.v1.attention.backends.registry import AttentionBackendEnum, register_backend
+    from ascend_core.upstream import register_attention_backend
 
     for name, path in (("ASCEND", ATTENTION_BACKEND), ("ASCEND_310P", ATTENTION_310P_BACKEND),
                        ("ASCEND_MLA", MLA_BACKEND)):
-        if name not in AttentionBackendEnum.__members__:
-            register_backend(name, path)
+        register_attention_backend(name, path)
 
 
 def backend_name(choice: AttentionChoice) -> str:

@@ -5,6 +5,10 @@ has Triton (triton-ascend), so the simulated lane defaults to MRV2 too; `VLLM_US
 (and then the process never turns the Triton interpreter on). When MRV2 is asked for explicitly and this process
 cannot run it, start-up stops with one `ModelRunnerV2Unavailable` naming what is missing, before vLLM's own
 "Model Runner V2 requires Triton."; with the variable unset vLLM falls back to V1 and says so in its log.
+
+Where the installed vLLM lacks what Ascend's MRV2 runner needs (`ascend_core.upstream.mrv2_unavailable_reason`,
+e.g. the legacy lane's MRV2 has no allocation context or `bind_kv_cache_to_layers`), the interpreter stays off so
+vLLM's default is the V1 runner, and an explicit request for MRV2 is refused at start-up with the probe's reason.
 """
 
 from __future__ import annotations
@@ -36,6 +40,12 @@ def prepare_process() -> None:
     """Turn Triton's interpreter on unless the V1 runner is asked for (it needs no Triton, so V1 stays unchanged)."""
     if requested_runner() == "v1":
         return
+    from ascend_core.upstream import mrv2_unavailable_reason
+
+    refused = mrv2_unavailable_reason()
+    if refused is not None:
+        logger.info("simulated lane: Model Runner V2 is off, the V1 runner serves (%s)", refused)
+        return
     lane = triton_interpreter.enable()
     if not lane.usable:
         logger.debug("simulated lane: no Triton for Model Runner V2 (%s)", lane.reason)
@@ -43,6 +53,11 @@ def prepare_process() -> None:
 
 def why_unavailable() -> str | None:
     """What keeps MRV2 from running in this process, or None when vLLM sees a usable Triton."""
+    from ascend_core.upstream import mrv2_unavailable_reason
+
+    refused = mrv2_unavailable_reason()
+    if refused is not None:
+        return refused
     from vllm.triton_utils import HAS_TRITON
 
     if HAS_TRITON:
@@ -59,7 +74,18 @@ def why_unavailable() -> str | None:
 
 def check_runner_request(vllm_config: object) -> None:
     """Called from the platform's config hook, before vLLM validates the runner choice."""
-    if requested_runner() != "v2":
+    requested = requested_runner()
+    if requested == "v1":
+        return
+    if requested == "default":
+        # vLLM forces MRV2 for some configs (PCP, dspark) whatever Triton says: refuse those here too.
+        from ascend_core.upstream import mrv2_unavailable_reason
+
+        refused = mrv2_unavailable_reason()
+        if refused is not None and getattr(vllm_config, "use_v2_model_runner", False):
+            raise ModelRunnerV2Unavailable(
+                f"this configuration needs Model Runner V2, which the Ascend plugin cannot run on the installed "
+                f"vLLM: {refused}")
         return
     missing = why_unavailable()
     if missing is not None:

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 from vllm.logger import init_logger
 
+from ascend_core.upstream import resolved_kv_cache_layout
 from ascend_platform import usage
 from ascend_platform.attention.backend import AscendAttentionImpl
 from ascend_platform.facade import kv_allocator
@@ -50,7 +51,7 @@ def allocate(kv_cache_config: Any, vllm_config: Any, device: torch.device, kerne
     kv_transfer = vllm_config.kv_transfer_config is not None
     with allocation_context or nullcontext():
         allocation = kv_allocator()(kv_cache_config, device=device,
-                                    layout=vllm_config.cache_config.get_resolved_kv_cache_layout(),
+                                    layout=resolved_kv_cache_layout(vllm_config.cache_config),
                                     mode=mode, kv_transfer=kv_transfer, kernel_block_sizes=kernel_block_sizes)
     usage.count(f"allocator.{mode}")
     usage.note("allocator", f"{kv_allocator().__module__}.{kv_allocator().__name__}")

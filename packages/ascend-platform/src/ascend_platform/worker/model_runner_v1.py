@@ -16,6 +16,7 @@ from vllm.v1.worker.cpu_model_runner import CPUModelRunner
 from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 from vllm.v1.worker.utils import bind_kv_cache
 
+from ascend_core.upstream import bind_kv_cache_kwargs
 from ascend_platform import usage
 from ascend_platform.worker import kv_binding
 
@@ -33,7 +34,7 @@ class AscendRunnerV1Mixin:
         kv_caches = kv_binding.vllm_views(self.ascend_kv, shared)
         num_attn_module = 2 if self.model_config.hf_config.model_type == "longcat_flash" else 1
         bind_kv_cache(kv_caches, self.compilation_config.static_forward_context, self.kv_caches, num_attn_module,
-                      kv_cache_groups=kv_cache_config.kv_cache_groups)
+                      **bind_kv_cache_kwargs(kv_cache_config.kv_cache_groups))
         kv_binding.bind_ascend_impls(self.ascend_kv, self.compilation_config.static_forward_context, shared)
         return kv_caches
 

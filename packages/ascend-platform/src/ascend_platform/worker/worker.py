@@ -27,7 +27,7 @@ logger = init_logger(__name__)
 class AscendWorkerMixin:
     _sleep: SleepController | None = None
 
-    def _runner_classes(self) -> tuple[type, type]:
+    def _runner_class(self, v2: bool) -> type:
         raise NotImplementedError
 
     def _build_runner(self) -> Any:
@@ -41,8 +41,9 @@ class AscendWorkerMixin:
         ascend_kernels.set_validation(ascend.kernel_checks)
         if ascend.custom_ops:
             register_custom_ops()
-        v1_cls, v2_cls = self._runner_classes()
-        cls = v2_cls if self.use_v2_model_runner else v1_cls
+        # Only the chosen runner's module is imported: the other may not import on this vLLM (the legacy lane has
+        # no MRV2 KV hooks, and start-up refused MRV2 there already).
+        cls = self._runner_class(bool(self.use_v2_model_runner))
         logger.info("Ascend worker: %s", cls.__name__)
         usage.note("runner_class", f"{cls.__module__}.{cls.__qualname__}")
         usage.note("kernel_backend", kernel_backend_name())
@@ -122,11 +123,14 @@ def _simulated_worker() -> type:
     class SimulatedAscendWorker(AscendWorkerMixin, CPUWorker):
         """The Ascend worker on the CPU device."""
 
-        def _runner_classes(self) -> tuple[type, type]:
-            from ascend_platform.worker.model_runner_v1 import SimulatedModelRunnerV1
-            from ascend_platform.worker.model_runner_v2 import SimulatedModelRunnerV2
+        def _runner_class(self, v2: bool) -> type:
+            if v2:
+                from ascend_platform.worker.model_runner_v2 import SimulatedModelRunnerV2
 
-            return SimulatedModelRunnerV1, SimulatedModelRunnerV2
+                return SimulatedModelRunnerV2
+            from ascend_platform.worker.model_runner_v1 import SimulatedModelRunnerV1
+
+            return SimulatedModelRunnerV1
 
         def init_device(self) -> None:
             # CPUWorker.init_device minus its hard-wired runner: the same environment and distributed setup.
@@ -157,11 +161,14 @@ def _npu_worker() -> type:
     class NPUWorker(AscendWorkerMixin, Worker):
         """The Ascend worker on an NPU (torch_npu); device setup follows vLLM's GPU worker."""
 
-        def _runner_classes(self) -> tuple[type, type]:
-            from ascend_platform.worker.model_runner_v1 import NPUModelRunnerV1
-            from ascend_platform.worker.model_runner_v2 import NPUModelRunnerV2
+        def _runner_class(self, v2: bool) -> type:
+            if v2:
+                from ascend_platform.worker.model_runner_v2 import NPUModelRunnerV2
 
-            return NPUModelRunnerV1, NPUModelRunnerV2
+                return NPUModelRunnerV2
+            from ascend_platform.worker.model_runner_v1 import NPUModelRunnerV1
+
+            return NPUModelRunnerV1
 
         def init_device(self) -> None:
             from vllm.utils.torch_utils import set_random_seed

@@ -14,7 +14,7 @@ read the scheduler and the connectors directly; the worker ranks of a multi-rank
 """
 
 from ascend_testkit.engine.client import EngineError, EngineHost, EngineStartError
-from ascend_testkit.engine.env import engine_env
+from ascend_testkit.engine.env import default_runner, engine_env
 from ascend_testkit.engine.pool import HostPool
 
-__all__ = ["EngineError", "EngineHost", "EngineStartError", "HostPool", "engine_env"]
+__all__ = ["EngineError", "EngineHost", "EngineStartError", "HostPool", "default_runner", "engine_env"]

@@ -22,6 +22,19 @@ _BASE = {
 RUNNERS = {"v1": "0", "v2": "1"}
 
 
+def default_runner(lane: str) -> str:
+    """The runner a lane serves with when the user picks none: V1 on vLLM's CPU platform; in the simulated lane MRV2,
+    unless the installed vLLM lacks what Ascend's MRV2 needs (`ascend_core.upstream.mrv2_unavailable_reason`, e.g.
+    the legacy lane), where the lane serves with V1."""
+    if lane not in LANES:
+        raise ValueError(f"unknown engine lane {lane!r} (known: {', '.join(LANES)})")
+    if lane == "cpu":
+        return "v1"
+    from ascend_core.upstream import mrv2_unavailable_reason
+
+    return "v1" if mrv2_unavailable_reason() else "v2"
+
+
 def engine_env(lane: str, cache_root: str | os.PathLike, *, cpus: str | int | None = None, runner: str | None = None,
                extra: Mapping[str, str] | None = None, base: Mapping[str, str] | None = None) -> dict[str, str]:
     """The environment for a host of `lane` ("simulated" or "cpu") with its own vLLM cache under `cache_root`.
