@@ -49,15 +49,25 @@ def _cann() -> dict[str, Any]:
 
 
 def _vllm() -> dict[str, Any]:
-    from ascend_core.upstream import UpstreamContractError, capabilities, installed_vllm_version
+    from ascend_core.upstream import (
+        ENGINE_TESTED,
+        STATIC_ONLY,
+        SUPPORTED_RANGE,
+        UpstreamContractError,
+        capabilities,
+        installed_vllm_version,
+        support_level,
+    )
 
     version = installed_vllm_version()
+    support = {"level": support_level(version), "engine_tested": dict(ENGINE_TESTED),
+               "static_only": list(STATIC_ONLY), "detail": SUPPORTED_RANGE}
     try:
         caps = capabilities()
     except UpstreamContractError as exc:
-        return {"ok": False, "version": version, "lane": None, "detail": str(exc),
+        return {"ok": False, "version": version, "lane": None, "detail": str(exc), "support": support,
                 "probes": [{"name": p.name, "ok": p.ok, "value": p.value, "detail": p.detail} for p in exc.failed]}
-    return {"ok": True, "version": version, "lane": caps.lane.value, "detail": "",
+    return {"ok": True, "version": version, "lane": caps.lane.value, "detail": "", "support": support,
             "probes": [{"name": p.name, "ok": p.ok, "value": p.value, "detail": p.detail, "required": p.required}
                        for p in caps.probes]}
 
@@ -103,17 +113,21 @@ def _entry_points() -> dict[str, Any]:
 
 def _mrv2() -> dict[str, Any]:
     """Model Runner V2 in the simulated-NPU lane: Triton's interpreter, the kernel stand-ins and their patches."""
+    from ascend_core.upstream import mrv2_unavailable_reason
     from ascend_platform.patches import REGISTRY
     from ascend_platform.simulated import mrv2_lane, triton_interpreter
     from ascend_platform.simulated.kernel_overrides import BLOCK_TABLE_KERNELS, STAND_INS
 
     lane = triton_interpreter.status()
+    refused = mrv2_unavailable_reason()
     problems = REGISTRY.verify()
     patches = {name: problem for name, problem in problems.items() if name.startswith(("simulated.", "mrv2."))}
     requested = mrv2_lane.requested_runner()
-    default = "v2" if lane.usable else "v1"
-    ok = lane.usable and all(p is None for p in patches.values())
-    if not lane.usable:
+    default = "v2" if lane.usable and refused is None else "v1"
+    ok = lane.usable and refused is None and all(p is None for p in patches.values())
+    if refused is not None:
+        detail = f"MRV2 is refused on this vLLM (probe mrv2_kv_hooks): {refused}; the simulated lane uses the V1 runner"
+    elif not lane.usable:
         detail = f"MRV2 cannot run in the simulated lane: {lane.reason}; it uses the V1 runner"
     elif lane.mode == "native":
         detail = f"Triton {lane.version} has a native CPU backend: vLLM's kernels compile as they are"
@@ -123,7 +137,8 @@ def _mrv2() -> dict[str, Any]:
                   "torch / ascend_kernels stand-ins")
     runner = {"default": f"default -> {default}", "v1": "v1 (VLLM_USE_V2_MODEL_RUNNER=0)",
               "v2": "v2 (VLLM_USE_V2_MODEL_RUNNER=1)"}[requested]
-    return {"ok": ok, "detail": detail, "runner": runner, "triton_version": lane.version, "mode": lane.mode,
+    return {"ok": ok, "detail": detail, "runner": runner, "refused": refused, "triton_version": lane.version,
+            "mode": lane.mode,
             "stand_ins": [s.kernel for s in STAND_INS] + list(BLOCK_TABLE_KERNELS), "patches": patches,
             "interpreter_on_in_this_process": triton_interpreter.enabled()}
 
@@ -156,7 +171,9 @@ def render(report: dict[str, Any]) -> str:
         f"{_mark(t['ok'])}torch       {t['version'] or ''} {t['detail']}".rstrip(),
         f"{_mark(n['ok'])}torch_npu   {n['version'] or ''} {n['detail']}".rstrip(),
         f"{_mark(c['ok'])}CANN        {c['path'] or ''} {c['detail']}".rstrip(),
-        f"{_mark(v['ok'])}vLLM        {v['version'] or 'not installed'}  lane: {v['lane'] or 'unknown'}",
+        f"{_mark(v['ok'])}vLLM        {v['version'] or 'not installed'}  lane: {v['lane'] or 'unknown'}  "
+        f"CI: {v['support']['level']}",
+        f"      supported: {v['support']['detail']}",
     ]
     for p in v.get("probes", []):
         lines.append(f"      {_mark(p['ok'])}{p['name']:<32} {p['detail']}")

@@ -5,7 +5,7 @@ and small adapters for each known difference. Nothing outside it compares versio
 """
 
 from ascend_core.upstream.attention_names import register_attention_backend
-from ascend_core.upstream.errors import SUPPORTED_RANGE, UpstreamContractError
+from ascend_core.upstream.errors import ENGINE_TESTED, STATIC_ONLY, SUPPORTED_RANGE, UpstreamContractError
 from ascend_core.upstream.kv_page import kv_spec_page_shape, kv_tensor_shares_config_backing
 from ascend_core.upstream.kv_tensor import kv_tensor_cls, kv_tensor_geometry, kv_tensor_layers, make_kv_tensor
 from ascend_core.upstream.lane import Capabilities, Lane, capabilities, detect_capabilities
@@ -26,10 +26,12 @@ from ascend_core.upstream.speculator import (
     speculator_dp_arg,
     speculator_dp_kwargs,
 )
-from ascend_core.upstream.version import installed_vllm_version, public_version, vllm_version_is
+from ascend_core.upstream.version import installed_vllm_version, public_version, support_level, vllm_version_is
 
 __all__ = [
     "DP_ARG_NAMES",
+    "ENGINE_TESTED",
+    "STATIC_ONLY",
     "SUPPORTED_RANGE",
     "Capabilities",
     "Lane",
@@ -62,6 +64,7 @@ __all__ = [
     "run_probes",
     "speculator_dp_arg",
     "speculator_dp_kwargs",
+    "support_level",
     "upstream_pcp_manager_cls",
     "vllm_version_is",
 ]

@@ -51,3 +51,19 @@ def vllm_version_is(target: str, installed: str | None = None) -> bool:
     if installed is None:
         return False
     return public_version(installed) == public_version(target)
+
+
+def support_level(installed: str | None = None) -> str:
+    """How CI vouches for the installed vLLM (or `installed`): "engine-tested" (an ENGINE_TESTED release),
+    "static-only" (a STATIC_ONLY wheel: pins checked, never run), "probed" (neither: only the probes speak for it)
+    or "absent"."""
+    from ascend_core.upstream.errors import ENGINE_TESTED, STATIC_ONLY
+
+    installed = installed if installed is not None else installed_vllm_version()
+    if installed is None:
+        return "absent"
+    if any(vllm_version_is(v, installed) for v in ENGINE_TESTED):
+        return "engine-tested"
+    if any(vllm_version_is(v, installed) for v in STATIC_ONLY):
+        return "static-only"
+    return "probed"

@@ -1,0 +1,83 @@
+"""What the release lane (vLLM 0.27.1, the legacy lane) reports and refuses, as a user meets it.
+
+`ascend-vllm doctor --json` names the release, its lane and every probe's result; Model Runner V2, which Ascend's
+runner cannot drive on a vLLM without its KV hooks, is refused at start-up with the probe's reason (never half-run).
+On the current lane these tests skip: there MRV2 runs (tests/platform, tests/mla) and tests/foundation/test_doctor.py
+checks the doctor.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ascend_core.upstream import ENGINE_TESTED, mrv2_unavailable_reason
+from ascend_core.upstream.probes import PROBES
+from ascend_testkit.reach.collect import reach_env
+
+pytestmark = pytest.mark.engine
+
+CLI = shutil.which("ascend-vllm") or str(Path(sys.executable).with_name("ascend-vllm"))
+RELEASE = "0.27.1"
+
+
+def _doctor_json() -> dict:
+    env = {k: v for k, v in os.environ.items() if k != "ASCEND_VLLM_SIMULATE"} | reach_env()
+    out = subprocess.run([CLI, "doctor", "--json"], capture_output=True, text=True, timeout=300, env=env)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def doctor() -> dict:
+    return _doctor_json()
+
+
+def test_doctor_json_reports_the_release_lane_with_every_probe(doctor):
+    vllm = doctor["vllm"]
+    if vllm["version"].split("+")[0] != RELEASE:
+        pytest.skip(f"not the release lane (vLLM {vllm['version']}); tests/foundation/test_doctor.py covers this one")
+    assert vllm["ok"] and vllm["lane"] == "legacy"
+    assert vllm["support"]["level"] == "engine-tested" and RELEASE in vllm["support"]["engine_tested"]
+    probes = {p["name"]: p for p in vllm["probes"]}
+    assert set(probes) == {name for name, _, _ in PROBES}  # every probe, each with its result
+    assert all(p["ok"] and p["detail"] for p in probes.values()), probes
+    assert probes["kv_tensor_layer_field"]["value"] == "shared_by"
+    assert probes["mla_ratio_field"]["value"] == "compress_ratio"
+    assert probes["speculator_dp_arg"]["value"] == "num_tokens_across_dp"
+    assert probes["logits_skip_gather"]["value"] is False
+    assert probes["mrv2_kv_hooks"]["value"] is False
+    assert "bind_kv_cache_to_layers" in probes["mrv2_kv_hooks"]["detail"]
+    mrv2 = doctor["mrv2_simulated"]
+    assert mrv2["runner"] == "default -> v1" and "mrv2_kv_hooks" in mrv2["detail"]
+
+
+def test_doctor_names_what_ci_engine_tests(doctor):
+    support = doctor["vllm"]["support"]
+    assert support["engine_tested"] == ENGINE_TESTED
+    assert doctor["vllm"]["version"].split("+")[0] in ENGINE_TESTED  # CI runs no other release
+    assert all(v in support["detail"] for v in ENGINE_TESTED) and all(v in support["detail"]
+                                                                       for v in support["static_only"])
+
+
+def test_mrv2_is_refused_at_startup_with_the_probe_reason(host_pool, tiny_model):
+    refused = mrv2_unavailable_reason()
+    if refused is None:
+        pytest.skip("Ascend's Model Runner V2 runs on this vLLM (tests/platform and tests/mla run it)")
+    host = host_pool.get("sim-v2-refused", lane="simulated", runner="v2")
+    try:
+        error = host.start_error(tiny_model, dtype="float32", max_model_len=128, enforce_eager=True, max_num_seqs=2,
+                                 block_size=32)
+    finally:
+        host.close()  # nobody else can use a host whose engines are refused
+    assert error is not None, "Model Runner V2 started on a vLLM the probe says it cannot run on"
+    # vLLM's config validation wraps the platform hook's ModelRunnerV2Unavailable (a ValueError) in its own error.
+    message = error["message"]
+    assert "Model Runner V2 was requested" in message and "bind_kv_cache_to_layers" in message, error
+    assert "set it to 0 for the V1 runner" in message, error
