@@ -12,11 +12,10 @@ from typing import TYPE_CHECKING, Any
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorMetadata,
     KVConnectorRole,
-    KVConnectorTransferResults,
 )
 from vllm.logger import init_logger
-from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
+from ascend_core.upstream import cache_hit_source, transfer_results
 from ascend_kv_transfer.options import MooncakeOptions, parse_options
 from ascend_kv_transfer.p2p.scheduler_side import P2PScheduler, P2PStep
 from ascend_kv_transfer.p2p.worker_side import P2PWorker
@@ -40,7 +39,7 @@ class P2PConnectorMetadata(KVConnectorMetadata):
 
 
 class AscendMooncakeConnector(SplitRoleConnector):
-    _cache_hit_source = CacheHitSource.P2P
+    _cache_hit_source = cache_hit_source("P2P")
     scheduler_cls: type[P2PScheduler] = P2PScheduler
     worker_cls: type[P2PWorker] = P2PWorker
 
@@ -92,11 +91,11 @@ class AscendMooncakeConnector(SplitRoleConnector):
         sending, recving = self._worker.get_finished()
         return sending or None, recving or None
 
-    def get_transfer_results(self, finished_req_ids: set[str]) -> KVConnectorTransferResults:
+    def get_transfer_results(self, finished_req_ids: set[str]) -> Any:  # KVConnectorTransferResults (0.29+)
         assert self._worker is not None
         sending, recving = self._worker.get_finished()
-        return KVConnectorTransferResults(finished_sending=sending, finished_recving=recving,
-                                          failed_recving=self._worker.take_failed_reqs())
+        return transfer_results(finished_sending=sending, finished_recving=recving,
+                                failed_recving=self._worker.take_failed_reqs())
 
     def get_block_ids_with_load_errors(self) -> set[int]:
         return self._worker.take_invalid_blocks() if self._worker is not None else set()

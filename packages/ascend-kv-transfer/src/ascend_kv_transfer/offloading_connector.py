@@ -13,8 +13,8 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorRole,
 )
 from vllm.logger import init_logger
-from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
+from ascend_core.upstream import cache_hit_source
 from ascend_kv_transfer.offload.lru import HostTierIndex
 from ascend_kv_transfer.offload.scheduler_side import OffloadScheduler, OffloadStep
 from ascend_kv_transfer.offload.worker_side import OffloadWorker
@@ -38,7 +38,7 @@ class OffloadConnectorMetadata(KVConnectorMetadata):
 
 
 class AscendOffloadingConnector(SplitRoleConnector):
-    _cache_hit_source = CacheHitSource.HOST
+    _cache_hit_source = cache_hit_source("HOST")
 
     def __init__(self, vllm_config: VllmConfig, role: KVConnectorRole, kv_cache_config: KVCacheConfig):
         super().__init__(vllm_config, role, kv_cache_config)

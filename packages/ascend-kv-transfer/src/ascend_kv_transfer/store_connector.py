@@ -15,10 +15,10 @@ from typing import TYPE_CHECKING, Any
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorMetadata,
     KVConnectorRole,
-    KVConnectorTransferResults,
 )
 from vllm.logger import init_logger
 
+from ascend_core.upstream import transfer_results
 from ascend_kv_transfer.pool.config_info import (
     engine_rank_sizes,
     layer_order,
@@ -157,11 +157,11 @@ class AscendStoreConnector(SplitRoleConnector):
         sending, recving = self._worker.get_finished()
         return sending or None, recving or None
 
-    def get_transfer_results(self, finished_req_ids: set[str]) -> KVConnectorTransferResults:
+    def get_transfer_results(self, finished_req_ids: set[str]) -> Any:  # KVConnectorTransferResults (0.29+)
         assert self._worker is not None
         sending, recving = self._worker.get_finished()
-        return KVConnectorTransferResults(finished_sending=sending, finished_recving=recving,
-                                          failed_recving=self._worker.take_failed_reqs())
+        return transfer_results(finished_sending=sending, finished_recving=recving,
+                                failed_recving=self._worker.take_failed_reqs())
 
     def get_block_ids_with_load_errors(self) -> set[int]:
         return self._worker.take_invalid_blocks() if self._worker is not None else set()

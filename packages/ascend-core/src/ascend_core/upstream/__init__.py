@@ -5,6 +5,7 @@ and small adapters for each known difference. Nothing outside it compares versio
 """
 
 from ascend_core.upstream.attention_names import register_attention_backend
+from ascend_core.upstream.connector import cache_hit_source, transfer_results
 from ascend_core.upstream.errors import ENGINE_TESTED, STATIC_ONLY, SUPPORTED_RANGE, UpstreamContractError
 from ascend_core.upstream.kv_page import kv_spec_page_shape, kv_tensor_shares_config_backing
 from ascend_core.upstream.kv_tensor import kv_tensor_cls, kv_tensor_geometry, kv_tensor_layers, make_kv_tensor
@@ -38,6 +39,7 @@ __all__ = [
     "ProbeResult",
     "UpstreamContractError",
     "bind_kv_cache_kwargs",
+    "cache_hit_source",
     "capabilities",
     "default_loader",
     "detect_capabilities",
@@ -65,6 +67,7 @@ __all__ = [
     "speculator_dp_arg",
     "speculator_dp_kwargs",
     "support_level",
+    "transfer_results",
     "upstream_pcp_manager_cls",
     "vllm_version_is",
 ]

@@ -15,8 +15,8 @@ ENGINE_TESTED = {"0.27.1": "legacy lane, V1 runner; Model Runner V2 refused by p
 # (packages/ascend-core/tests/contracts/test_wheels.py); the probes decide the lane of any other release.
 STATIC_ONLY = ("0.28.0", "0.33.0")
 SUPPORTED_RANGE = (
-    "engine-tested in CI: vLLM " + ", ".join(f"{v} ({lane})" for v, lane in ENGINE_TESTED.items())
-    + "; checked statically by the contract checker only: vLLM " + ", ".join(STATIC_ONLY)
+    "vLLM " + " and ".join(f"{v} ({lane})" for v, lane in ENGINE_TESTED.items()) + ", engine-tested in CI; "
+    + ", ".join(STATIC_ONLY) + " checked statically by the contract checker only"
 )
 
 
