@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ascend_specdecode.methods import draft_architectures, method_family
+from ascend_specdecode.methods import DFLASH2, draft_architectures, method_family
 
 
 class SpeculativeConfigError(ValueError):
@@ -64,6 +64,12 @@ def validate_speculative_config(
         family = method_family(method, draft_architectures(speculative_config))
     except ValueError as exc:
         problems.append(str(exc))
+    if family == DFLASH2:
+        from ascend_core.upstream import dflash2_unavailable_reason
+
+        refused = dflash2_unavailable_reason()
+        if refused is not None:
+            problems.append(f"DFlash2 drafts cannot run here: {refused}")
 
     k = _get(speculative_config, "num_speculative_tokens")
     if isinstance(k, bool) or not isinstance(k, int) or k <= 0:

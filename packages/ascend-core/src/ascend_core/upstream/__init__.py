@@ -23,6 +23,7 @@ from ascend_core.upstream.probes import ProbeResult, default_loader, run_probes
 from ascend_core.upstream.runner import bind_kv_cache_kwargs, mrv2_unavailable_reason, resolved_kv_cache_layout
 from ascend_core.upstream.speculator import (
     DP_ARG_NAMES,
+    dflash2_unavailable_reason,
     pop_speculator_dp,
     speculator_dp_arg,
     speculator_dp_kwargs,
@@ -43,6 +44,7 @@ __all__ = [
     "capabilities",
     "default_loader",
     "detect_capabilities",
+    "dflash2_unavailable_reason",
     "installed_vllm_version",
     "kv_spec_page_shape",
     "kv_tensor_cls",

@@ -38,3 +38,18 @@ def speculator_dp_kwargs(value: Any, propose: Callable[..., Any] | None = None) 
     """`{name: value}` for the DP argument the target `propose` takes; empty when it takes none."""
     name = speculator_dp_arg(propose)
     return {name: value} if name else {}
+
+
+# What Ascend's DFlash2 draft builds on: upstream's model factories (decoder layer, model) and its MRV2 speculator.
+DFLASH2_MODULES = ("vllm.model_executor.models.qwen3_dflash2", "vllm.v1.worker.gpu.spec_decode.dflash2.speculator")
+
+
+def dflash2_unavailable_reason() -> str | None:
+    """Why DFlash2 drafts cannot run on the installed vLLM (the legacy lane has no DFlash2 factories), or None."""
+    from ascend_core.upstream.probes import module_exists
+    from ascend_core.upstream.version import installed_vllm_version
+
+    missing = [m for m in DFLASH2_MODULES if not module_exists(m)]
+    if not missing:
+        return None
+    return f"vLLM {installed_vllm_version()} has no DFlash2 factories ({', '.join(missing)} absent)"

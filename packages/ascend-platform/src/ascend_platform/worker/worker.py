@@ -51,10 +51,14 @@ class AscendWorkerMixin:
         runner = cls(self.vllm_config, self.device)
         if self.vllm_config.speculative_config is not None:
             import ascend_specdecode
-            from ascend_specdecode.models.dflash2 import register_dflash2_draft
+            from ascend_core.upstream import dflash2_unavailable_reason
 
-            # The model registry is per process and this one builds the draft (the main process never does).
-            register_dflash2_draft()
+            # The model registry is per process and this one builds the draft (the main process never does). A vLLM
+            # without DFlash2 factories has no DFlash2 draft to build (start-up refused such configs already).
+            if dflash2_unavailable_reason() is None:
+                from ascend_specdecode.models.dflash2 import register_dflash2_draft
+
+                register_dflash2_draft()
             ascend_specdecode.install_speculative_decoding(runner)
         return runner
 
