@@ -54,6 +54,13 @@ NPU_BINDINGS: dict[str, NpuBinding] = {
     "silu_and_mul": NpuBinding(target="torch_npu.npu_swiglu", kind="torch_npu"),
     "topk_softmax": NpuBinding(target="torch_npu.npu_moe_gating_top_k_softmax", kind="torch_npu"),
     "fused_moe_reference": NpuBinding(target="ascend_kernels.reference.moe on the NPU device", kind="torch"),
+    "moe_gating_topk": NpuBinding(
+        target="torch_npu.npu_moe_gating_top_k", kind="torch_npu",
+        note="norm_type 0/1 = softmax/sigmoid, group_select_mode 1 (top-2 sum) with a bias, 0 (max) without; "
+        "renormalisation and routed_scaling_factor applied after the kernel"),
+    "fused_moe": NpuBinding(
+        target="torch_npu.npu_moe_init_routing_v2 + npu_grouped_matmul + npu_swiglu + npu_moe_token_unpermute",
+        kind="torch_npu", note="ids outside [0, num_experts) dropped by active_expert_range; count-mode group list"),
     "sample_greedy": NpuBinding(target="torch.argmax on the NPU device", kind="torch"),
     "sample": NpuBinding(
         target="torch_npu.npu_top_k_top_p + reference sampling",
@@ -223,6 +230,49 @@ def topk_softmax(gating_logits, topk, renormalize):
     return weights, ids.to(torch.int32)
 
 
+def moe_gating_topk(router_logits, topk, *, scoring_func="softmax", renormalize=True, num_expert_group=None,
+                    topk_group=None, e_score_correction_bias=None, routed_scaling_factor=1.0):
+    grouped = num_expert_group is not None and num_expert_group > 1
+    weights, ids, _ = _torch_npu().npu_moe_gating_top_k(
+        router_logits,
+        k=topk,
+        bias=e_score_correction_bias,
+        k_group=topk_group if grouped else 1,
+        group_count=num_expert_group if grouped else 1,
+        group_select_mode=1 if e_score_correction_bias is not None else 0,
+        renorm=0,
+        norm_type=0 if scoring_func == "softmax" else 1,
+        routed_scaling_factor=1.0,
+        eps=1e-20,
+    )
+    weights = weights.float()
+    if renormalize:
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+    if routed_scaling_factor != 1.0:
+        weights = weights * routed_scaling_factor
+    return weights, ids.to(torch.int32)
+
+
+def fused_moe(hidden_states, w13, w2, topk_weights, topk_ids, *, w13_bias=None, w2_bias=None):
+    torch_npu = _torch_npu()
+    t, k = topk_ids.shape
+    num_experts = w13.shape[0]
+    if t == 0:
+        return hidden_states.new_zeros(hidden_states.shape)
+    expanded_x, expanded_row_idx, expert_tokens, _ = torch_npu.npu_moe_init_routing_v2(
+        hidden_states, topk_ids.to(torch.int32), active_num=t * k, expert_num=num_experts,
+        expert_tokens_num_type=1, expert_tokens_num_flag=True, active_expert_range=[0, num_experts])
+    group_list = expert_tokens.to(torch.int64)
+    gate_up = torch_npu.npu_grouped_matmul(
+        x=[expanded_x], weight=[w13.transpose(1, 2)], bias=None if w13_bias is None else [w13_bias.float()],
+        split_item=2, group_list_type=1, group_type=0, group_list=group_list)[0]
+    down = torch_npu.npu_grouped_matmul(
+        x=[torch_npu.npu_swiglu(gate_up)], weight=[w2.transpose(1, 2)],
+        bias=None if w2_bias is None else [w2_bias.float()],
+        split_item=2, group_list_type=1, group_type=0, group_list=group_list)[0]
+    return torch_npu.npu_moe_token_unpermute(down, expanded_row_idx, probs=topk_weights.to(down.dtype))
+
+
 def sample(logits, temperature, top_k=None, top_p=None, generator=None):
     if top_k is None or top_p is None:
         return reference.sample(logits, temperature, top_k, top_p, generator)
@@ -247,6 +297,8 @@ def npu_ops() -> dict[str, Callable]:
         "silu_and_mul": silu_and_mul,
         "topk_softmax": topk_softmax,
         "fused_moe_reference": reference.fused_moe_reference,
+        "moe_gating_topk": moe_gating_topk,
+        "fused_moe": fused_moe,
         "sample_greedy": reference.sample_greedy,
         "sample": sample,
         "rejection_sample": reference.rejection_sample,

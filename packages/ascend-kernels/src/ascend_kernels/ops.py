@@ -156,6 +156,48 @@ def topk_softmax(gating_logits, topk: int, renormalize: bool):
     return current_impl().topk_softmax(gating_logits, topk, renormalize)
 
 
+def moe_gating_topk(router_logits, topk: int, *, scoring_func: str = "softmax", renormalize: bool = True,
+                    num_expert_group: int | None = None, topk_group: int | None = None,
+                    e_score_correction_bias=None, routed_scaling_factor: float = 1.0):
+    """MoE routing of the Qwen3 / DeepSeek families: scores, optional biased and grouped selection, top-k.
+
+    router_logits `[num_tokens, num_experts]` -> (weights float32 `[num_tokens, topk]`, expert ids int32
+    `[num_tokens, topk]`), ordered by descending selection score. In float32:
+    1. scores = softmax(logits) over experts (`scoring_func="softmax"`) or sigmoid(logits) (`"sigmoid"`).
+    2. Selection scores = scores + e_score_correction_bias (float `[num_experts]`, DeepSeek-V3's noaux_tc) when
+       given, else the scores.
+    3. Grouped (num_expert_group > 1; num_experts divisible by it): a group's score is the sum of its two best
+       selection scores with a bias, its best one without; only the topk_group best groups stay selectable.
+    4. ids = the topk best selection scores; weights = the *unbiased* scores at those ids.
+    5. With `renormalize` the k weights are divided by their sum; then multiplied by routed_scaling_factor.
+    """
+    if _SWITCH.enabled:
+        _v.check_moe_gating_topk(router_logits, topk, scoring_func, renormalize, num_expert_group, topk_group,
+                                 e_score_correction_bias, routed_scaling_factor)
+    return current_impl().moe_gating_topk(
+        router_logits, topk, scoring_func=scoring_func, renormalize=renormalize, num_expert_group=num_expert_group,
+        topk_group=topk_group, e_score_correction_bias=e_score_correction_bias,
+        routed_scaling_factor=routed_scaling_factor)
+
+
+def fused_moe(hidden_states, w13, w2, topk_weights, topk_ids, *, w13_bias=None, w2_bias=None) -> torch.Tensor:
+    """Routed experts (SiLU-gated MLPs) over a token batch; a (token, slot) pair with a negative id is skipped.
+
+    hidden_states `[num_tokens, hidden]`; w13 `[num_experts, 2 * intermediate, hidden]` (gate rows then up rows);
+    w2 `[num_experts, hidden, intermediate]`; optional w13_bias `[num_experts, 2 * intermediate]`, w2_bias
+    `[num_experts, hidden]`; topk_weights float `[num_tokens, k]`; topk_ids int `[num_tokens, k]`, each in
+    [-1, num_experts): the caller maps routed experts to its own weight rows and marks experts held elsewhere
+    (expert parallelism) with -1.
+    out[t] = sum over i with e = topk_ids[t, i] >= 0 of topk_weights[t, i] * (w2[e] @ silu_and_mul(w13[e] @ x[t] +
+    b13[e]) + b2[e]); float32 accumulation, result in hidden_states' dtype (a token with no pair is all zeros).
+    """
+    if _SWITCH.enabled:
+        _v.check_fused_moe(hidden_states, w13, w2, topk_weights, topk_ids, op="fused_moe", w13_bias=w13_bias,
+                           w2_bias=w2_bias)
+    return current_impl().fused_moe(hidden_states, w13, w2, topk_weights, topk_ids, w13_bias=w13_bias,
+                                    w2_bias=w2_bias)
+
+
 def fused_moe_reference(hidden_states, w13, w2, topk_weights, topk_ids) -> torch.Tensor:
     """Mixture of experts with SiLU-gated experts, tokens grouped by expert.
 

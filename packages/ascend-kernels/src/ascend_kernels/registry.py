@@ -24,6 +24,8 @@ OP_NAMES: tuple[str, ...] = (
     "silu_and_mul",
     "topk_softmax",
     "fused_moe_reference",
+    "moe_gating_topk",
+    "fused_moe",
     "sample_greedy",
     "sample",
     "rejection_sample",

@@ -11,7 +11,7 @@ from ascend_kernels.reference.cache_write import reshape_and_cache, reshape_and_
 from ascend_kernels.reference.gumbel import gumbel_sample
 from ascend_kernels.reference.layers import rms_norm, rotary_embedding, silu_and_mul
 from ascend_kernels.reference.logprobs import gather_logprobs, token_ranks
-from ascend_kernels.reference.moe import fused_moe_reference, topk_softmax
+from ascend_kernels.reference.moe import fused_moe, fused_moe_reference, moe_gating_topk, topk_softmax
 from ascend_kernels.reference.rejection import rejection_sample
 from ascend_kernels.reference.sampling import sample, sample_greedy
 
@@ -25,6 +25,8 @@ REFERENCE_OPS = {
     "silu_and_mul": silu_and_mul,
     "topk_softmax": topk_softmax,
     "fused_moe_reference": fused_moe_reference,
+    "moe_gating_topk": moe_gating_topk,
+    "fused_moe": fused_moe,
     "sample_greedy": sample_greedy,
     "sample": sample,
     "rejection_sample": rejection_sample,
