@@ -49,6 +49,15 @@ class AscendConfig(BaseModel):
         True, description="Replace vLLM's RMSNorm, SiluAndMul and RotaryEmbedding with ascend_kernels ops.")
     block_size: int | None = Field(
         None, description="KV block size when the user gave none (multiple of 16); default 128.")
+    eplb: bool = Field(
+        False, description="Expert-parallel load balancing of MoE models (needs enable_expert_parallel over >= 2 "
+        "ranks): per-expert load recorded every step, experts re-placed with redundant copies and moved between "
+        "ranks every eplb_interval steps.")
+    eplb_redundant_experts: int = Field(
+        0, ge=0, description="Extra expert slots for EPLB replicas (a multiple of the expert-parallel size).")
+    eplb_interval: int = Field(
+        3000, ge=0, description="Engine steps between EPLB rebalances; 0 rebalances only when asked "
+        "(ascend_platform.moe.eplb.current_controller().rebalance()).")
 
     @field_validator("graph_capture_sizes")
     @classmethod

@@ -34,6 +34,7 @@ class AscendWorkerMixin:
         import ascend_kernels
         from ascend_platform.npu_platform import ascend_config_of
         from ascend_platform.ops.custom_ops import register_custom_ops
+        from ascend_platform.ops.pluggable_layers import register_pluggable_layers
         from ascend_platform.platform import NPUPlatform
 
         ascend = ascend_config_of(self.vllm_config)
@@ -41,6 +42,7 @@ class AscendWorkerMixin:
         ascend_kernels.set_validation(ascend.kernel_checks)
         if ascend.custom_ops:
             register_custom_ops()
+        register_pluggable_layers()
         v1_cls, v2_cls = self._runner_classes()
         cls = v2_cls if self.use_v2_model_runner else v1_cls
         logger.info("Ascend worker: %s", cls.__name__)
