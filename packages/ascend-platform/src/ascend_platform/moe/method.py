@@ -5,7 +5,7 @@ Registered out of tree for vLLM's `UnquantizedFusedMoEMethod`, so every routed-e
 vLLM's method selects no kernel at all (its `is_monolithic` then fails on the first forward); this one is
 monolithic, so vLLM's MoE runner hands the layer the router logits and the layer routes itself
 (`AscendRoutedExpertsMixin.forward_monolithic`), then calls `apply_experts` here. Weights keep vLLM's layout
-(`w13 [experts, 2 * intermediate, hidden]`, `w2 [experts, hidden, intermediate]`), which is `ascend_kernels.fused_moe`'s.
+(`w13 [experts, 2 * intermediate, hidden]`, `w2 [experts, hidden, intermediate]`), `ascend_kernels.fused_moe`'s.
 """
 
 from __future__ import annotations

@@ -53,7 +53,7 @@ class AscendRoutedExpertsMixin:
             self._ascend_eplb = controller_for(vllm_config, interval=ascend.eplb_interval,
                                                num_redundant=ascend.eplb_redundant_experts)
         usage.count("moe.layers")
-        usage.note("moe.layer_class", f"{type(self).__qualname__}({', '.join(c.__qualname__ for c in type(self).__mro__[1:3])})")
+        usage.note("moe.layer_class", " <- ".join(c.__qualname__ for c in type(self).__mro__[:3]))
 
     def ascend_after_loading(self) -> None:
         """After the checkpoint is loaded (the model's own loader has run): lay out the physical expert slots."""

@@ -1,7 +1,10 @@
 """Tiny random mixture-of-experts checkpoints built offline (Qwen3-MoE style), and a model with its own experts class.
 
 - `cached_tiny_qwen3_moe(spec)`: a `Qwen3MoeForCausalLM` (standard attention, routed experts with softmax top-k and
-  renormalised weights) with the tiny Llama's WordLevel tokenizer, so `prompt_of_length` prompts work unchanged.
+  renormalised weights) with the tiny Llama's WordLevel tokenizer, so `prompt_of_length` prompts work unchanged;
+  `route_skew` makes its routing favour the first half of the experts (a skewed load for EPLB to balance).
+- `cached_tiny_glm_moe(spec)`: a `Glm4MoeForCausalLM`, the DeepSeek-V3 routing family (sigmoid, correction bias,
+  grouped top-k, scaling factor) plus a shared expert and a dense first layer, on standard attention.
 - `cached_scaled_experts_moe(spec)`: the same weights re-saved for `ScaledExpertsQwen3MoeForCausalLM`
   (`ascend_testkit.models.scaled_experts`), whose `RoutedExperts` subclass multiplies each expert's down projection by
   a per-expert `scale` from the checkpoint while loading. The checkpoint stores `down_proj / scale`, so the model
@@ -38,6 +41,9 @@ class TinyMoeSpec:
     vocab_size: int = 1000
     max_position_embeddings: int = 2048
     initializer_range: float = 0.5
+    # > 0 skews routing towards the first half of the experts (an expert-parallel rank's worth with EP=2): hidden
+    # dim 0 of every embedding row and the gate weight of those experts on dim 0 are raised by this much.
+    route_skew: float = 0.0
     seed: int = 0
 
     def key(self) -> str:
@@ -87,6 +93,11 @@ def build_tiny_qwen3_moe(path: str | os.PathLike, spec: TinyMoeSpec = TinyMoeSpe
     config.head_dim = spec.head_dim
     torch.manual_seed(spec.seed)
     model = Qwen3MoeForCausalLM(config).to(torch.float32)
+    if spec.route_skew:
+        with torch.no_grad():
+            model.model.embed_tokens.weight[:, 0] += spec.route_skew
+            for layer in model.model.layers:
+                layer.mlp.gate.weight[: spec.num_experts // 2, 0] += spec.route_skew
     model.save_pretrained(path, safe_serialization=True)
     return path
 
@@ -108,6 +119,69 @@ def cached_tiny_qwen3_moe(spec: TinyMoeSpec = TinyMoeSpec(), cache_dir: str | os
     """The tiny Qwen3-MoE for `spec`, built once into the cache (the folder name carries the spec's hash)."""
     folder = Path(cache_dir or default_cache_dir()) / f"tiny-qwen3-moe-{spec.key()}"
     return _cached(folder, lambda tmp: build_tiny_qwen3_moe(tmp, spec))
+
+
+@dataclass(frozen=True)
+class TinyGlmMoeSpec:
+    """A GLM-4.5-style MoE: DeepSeek-V3 routing (sigmoid scores, a correction bias steering selection, grouped top-k,
+    routed_scaling_factor) and a shared expert, with standard attention (partial rotary); the first layer is dense."""
+
+    hidden_size: int = 64
+    num_layers: int = 3
+    first_k_dense_replace: int = 1
+    num_heads: int = 2
+    num_kv_heads: int = 1
+    head_dim: int = 32
+    intermediate_size: int = 64
+    moe_intermediate_size: int = 32
+    n_routed_experts: int = 8
+    n_shared_experts: int = 1
+    num_experts_per_tok: int = 2
+    n_group: int = 4
+    topk_group: int = 2
+    routed_scaling_factor: float = 2.5
+    bias_scale: float = 0.1  # spread of the random e_score_correction_bias
+    vocab_size: int = 1000
+    max_position_embeddings: int = 2048
+    initializer_range: float = 0.5
+    seed: int = 0
+
+    def key(self) -> str:
+        return hashlib.sha256(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()[:12]
+
+
+def build_tiny_glm_moe(path: str | os.PathLike, spec: TinyGlmMoeSpec = TinyGlmMoeSpec()) -> Path:
+    """Write a random `Glm4MoeForCausalLM` (non-zero correction biases) and the word tokenizer to `path`."""
+    import torch
+    from transformers import Glm4MoeConfig, Glm4MoeForCausalLM
+
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    save_word_tokenizer(path, spec.vocab_size)
+    config = Glm4MoeConfig(
+        vocab_size=spec.vocab_size, hidden_size=spec.hidden_size, intermediate_size=spec.intermediate_size,
+        moe_intermediate_size=spec.moe_intermediate_size, num_hidden_layers=spec.num_layers,
+        num_attention_heads=spec.num_heads, num_key_value_heads=spec.num_kv_heads,
+        max_position_embeddings=spec.max_position_embeddings, n_routed_experts=spec.n_routed_experts,
+        n_shared_experts=spec.n_shared_experts, num_experts_per_tok=spec.num_experts_per_tok, n_group=spec.n_group,
+        topk_group=spec.topk_group, routed_scaling_factor=spec.routed_scaling_factor, norm_topk_prob=True,
+        first_k_dense_replace=spec.first_k_dense_replace, initializer_range=spec.initializer_range,
+        bos_token_id=1, eos_token_id=2, tie_word_embeddings=False,
+    )
+    config.head_dim = spec.head_dim
+    torch.manual_seed(spec.seed)
+    model = Glm4MoeForCausalLM(config).to(torch.float32)
+    with torch.no_grad():
+        for layer in model.model.layers[spec.first_k_dense_replace:]:
+            bias = layer.mlp.gate.e_score_correction_bias
+            bias.copy_(torch.randn(bias.shape) * spec.bias_scale)
+    model.save_pretrained(path, safe_serialization=True)
+    return path
+
+
+def cached_tiny_glm_moe(spec: TinyGlmMoeSpec = TinyGlmMoeSpec(), cache_dir: str | os.PathLike | None = None) -> Path:
+    folder = Path(cache_dir or default_cache_dir()) / f"tiny-glm-moe-{spec.key()}"
+    return _cached(folder, lambda tmp: build_tiny_glm_moe(tmp, spec))
 
 
 def expert_scale(expert: int) -> float:
