@@ -1,4 +1,4 @@
-"""Functions the engine harness runs inside every worker of a MoE engine (`EngineHost.rpc("ascend_testkit.moe_probes:...")`).
+"""What the engine harness runs inside a MoE engine's workers (`EngineHost.rpc("ascend_testkit.moe_probes:...")`).
 
 They read and drive the platform's MoE parts through their public surface: the EPLB controller of the model
 (`ascend_platform.moe.eplb.current_controller`) and the model's routed-experts layers.
@@ -52,3 +52,16 @@ def routed_experts(worker: Any) -> list[dict[str, Any]]:
                         "w2_norms": module.w2_weight.detach().float().flatten(1).norm(dim=1).tolist(),
                         "w2_scale": None if scale is None else scale.detach().float().tolist()})
     return out
+
+
+def host_setup() -> None:
+    """An engine host's `--setup` for the MoE suite: register the scaled-experts test model, and resolve vLLM's
+    platform before any engine's runner choice reaches the environment (the simulated lane enables Triton's
+    interpreter, hence Model Runner V2, only when it is resolved without VLLM_USE_V2_MODEL_RUNNER=0), so one host
+    runs V1 and V2 engines in any order."""
+    from vllm.platforms import current_platform
+
+    from ascend_testkit.models.scaled_experts import register
+
+    register()
+    current_platform.get_device_name()
