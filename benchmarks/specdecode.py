@@ -51,7 +51,7 @@ def main() -> int:
 
     lane = "simulated-npu" if args.lane == "simulated" else "vllm-cpu"
     with tempfile.TemporaryDirectory(prefix="specdecode-bench-") as tmp, \
-            EngineHost("specdecode", lane=args.lane, log_dir=tmp) as host:
+            EngineHost("specdecode", lane=args.lane, runner="v1", log_dir=tmp) as host:
         cache = Path(os.environ.get("ASCEND_VLLM_CACHE") or tmp) / "models"
         target = dc.eagle_compatible_target(cached_tiny_llama(cache_dir=cache), sliding_window=WINDOW)
         drafts = {

@@ -1,8 +1,10 @@
 """Session-wide fixtures of the cross-package tests: the tiny model, the shared engine hosts, the network namespace.
 
 Every engine-level suite runs its engines on the hosts of ONE `HostPool` (`ascend_testkit.engine`): a host pays
-vLLM's import once, then starts engines in seconds. Hosts: "sim" (simulated-NPU lane) and "cpu" (vLLM's own CPU
-platform, the reference), plus the pinned hosts inside the loopback-only namespace that connector tests ask for.
+vLLM's import once, then starts engines in seconds. A host's platform and model runner are its process's, as for a
+user: "sim" (simulated-NPU lane, Model Runner V2: vLLM's default there), "sim-v1" (simulated lane, V1 runner) and
+"cpu" (vLLM's own CPU platform, V1: the reference), plus the pinned hosts inside the loopback-only namespace that
+connector tests ask for.
 
 Reach: unless `ASCEND_TESTKIT_REACH` names a folder already, the session collects the engine processes' coverage in
 a temporary one (`ascend_testkit.reach`); `tests/reach` checks it after every other test.
@@ -57,14 +59,20 @@ def host_pool(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def sim_host(host_pool):
-    """The simulated-NPU lane's host (engines one after another)."""
-    return host_pool.get("sim", lane="simulated")
+    """The simulated-NPU lane with Model Runner V2, vLLM's default runner there (engines one after another)."""
+    return host_pool.get("sim", lane="simulated", runner="v2")
+
+
+@pytest.fixture(scope="session")
+def sim_v1_host(host_pool):
+    """The simulated-NPU lane with the V1 model runner."""
+    return host_pool.get("sim-v1", lane="simulated", runner="v1")
 
 
 @pytest.fixture(scope="session")
 def cpu_host(host_pool):
-    """vLLM's own CPU platform (no plugin): the reference engines."""
-    return host_pool.get("cpu", lane="cpu")
+    """vLLM's own CPU platform (no plugin), V1 runner: the reference engines."""
+    return host_pool.get("cpu", lane="cpu", runner="v1")
 
 
 @pytest.fixture(scope="session")
@@ -78,3 +86,14 @@ def netns():
         pytest.fail(f"needs a loopback-only network namespace (run as root with util-linux and iproute2): {e}")
     yield ns
     ns.close()
+
+
+@pytest.fixture(scope="session")
+def netns_host(host_pool, netns):
+    """`netns_host(lane, cpu, runner="v1")`: the shared host of that lane and runner inside the namespace, its
+    engines' threads pinned to `cpu` (the connector suites share these: a warm host starts an engine in seconds)."""
+
+    def get(lane: str, cpu: int, runner: str = "v1"):
+        return host_pool.get(f"{lane}-{runner}-cpu{cpu}-netns", lane=lane, runner=runner, netns=netns, cpus=cpu)
+
+    return get

@@ -1,17 +1,20 @@
-"""Fixtures of the KV pool tests: the tiny model, a loopback-only network namespace, `mooncake_master`, and engine
-hosts (real vLLM engines on the CPU platform, one core each) that are always reaped.
+"""Fixtures of the KV pool tests: token ids of the tiny model, `mooncake_master` in the session's loopback-only
+namespace, and engines on the session's hosts (`ascend_testkit.engine`; vLLM's CPU platform, one core each).
 
-The engine harness is imported here only (`start_engine`), so switching it is a one-place change.
+Engines that need their own process environment (a PYTHONHASHSEED, the fault switches) get their own host
+(`own_host`), closed at session end; the others run on the shared warm hosts of the KV transfer suites.
 """
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
 
 HERE = Path(__file__).parent
+
+ENGINE_DEFAULTS = dict(dtype="float32", enforce_eager=True, seed=0, max_model_len=1024, max_num_seqs=4,
+                       block_size=128, enable_prefix_caching=True)
 
 
 @pytest.fixture(scope="session")
@@ -20,12 +23,8 @@ def here() -> Path:
 
 
 @pytest.fixture(scope="session")
-def model_dir(tmp_path_factory) -> str:
-    from ascend_testkit.models.tiny_llama import cached_tiny_llama
-
-    cache = os.environ.get("ASCEND_VLLM_CACHE")
-    root = Path(cache) / "models" if cache else tmp_path_factory.mktemp("models")
-    return str(cached_tiny_llama(cache_dir=root))
+def model_dir(tiny_model) -> str:
+    return str(tiny_model)
 
 
 @pytest.fixture(scope="session")
@@ -43,18 +42,6 @@ def token_ids(model_dir):
         return ids
 
     return make
-
-
-@pytest.fixture(scope="session")
-def netns():
-    from ascend_testkit.netns import LoopbackNamespace, NetnsUnavailableError
-
-    try:
-        ns = LoopbackNamespace()
-    except NetnsUnavailableError as e:
-        pytest.skip(f"needs a loopback-only network namespace: {e}")
-    yield ns
-    ns.close()
 
 
 @pytest.fixture(scope="session")
@@ -76,21 +63,45 @@ def start_master(netns, tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def start_engine(tmp_path_factory):
-    """`start_engine(name, config, cpu, netns=None, wait=True, env=None)`; every host is shut down at session end."""
-    from ascend_kv_transfer.engine_harness.client import EngineProcess, engine_env
+def shared_host(netns_host):
+    """`shared_host(cpu)`: the session's warm CPU-lane host pinned to `cpu` inside the namespace."""
+    def get(cpu: int):
+        return netns_host("cpu", cpu)
 
-    root = tmp_path_factory.mktemp("engines")
-    started: list[EngineProcess] = []
+    return get
 
-    def start(name: str, config: dict, cpu: int, netns=None, wait: bool = True, env: dict | None = None):
-        proc = EngineProcess(config, env=engine_env(root / f"cache-{name}", cpu, env), log_path=root / f"{name}.log",
-                             netns=netns, wait=wait)
-        started.append(proc)
-        return proc
 
-    yield start
-    for proc in started:
-        proc.close()
-    leftovers = [p.proc.pid for p in started if p.proc.poll() is None]
+@pytest.fixture(scope="session")
+def own_host(tmp_path_factory, netns):
+    """`own_host(name, cpu, env)`: a host process of its own (process-start env); closed at session end."""
+    from ascend_testkit.engine import EngineHost
+
+    root = tmp_path_factory.mktemp("pool-hosts")
+    hosts = []
+
+    def make(name: str, cpu: int, env: dict[str, str]):
+        host = EngineHost(name, lane="cpu", runner="v1", log_dir=root, cpus=cpu, env=env, netns=netns)
+        hosts.append(host)
+        return host
+
+    yield make
+    for host in hosts:
+        host.close()
+    leftovers = [h.proc.pid for h in hosts if h.alive]
     assert not leftovers, f"engine hosts still running: {leftovers}"
+
+
+@pytest.fixture(scope="session")
+def engine_defaults() -> dict:
+    return dict(ENGINE_DEFAULTS)
+
+
+@pytest.fixture(scope="session")
+def start_engine():
+    """`start_engine(host, model, kv_transfer_config, wait=True, **engine)`: an engine on `host` (LLM keyword
+    arguments over the suite's defaults); with wait=False, call `host.started()` later."""
+    def start(host, model: str, kv_transfer_config: dict, wait: bool = True, **engine):
+        host.start(model, wait=wait, **(ENGINE_DEFAULTS | engine | {"kv_transfer_config": kv_transfer_config}))
+        return host
+
+    return start

@@ -28,11 +28,20 @@ LAYERS = ("layers.0", "layers.1")
 PAGE_SHAPE = (2, 8, 1024)  # 64 KiB float32 pages: one object is 128 KiB
 
 
+def _die_with_parent() -> None:
+    """The master is killed with this process, even if a scenario crashes it (PR_SET_PDEATHSIG = SIGKILL)."""
+    import ctypes
+    import signal
+
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)
+
+
 def start_master(port: int, log: Path, **flags) -> subprocess.Popen:
     binary = Path(sys.executable).with_name("mooncake_master")
     argv = [str(binary), f"--rpc_port={port}", "--rpc_address=127.0.0.1", f"--metrics_port={port + 1}",
             "--metrics_host=127.0.0.1", *[f"--{k}={v}" for k, v in flags.items()]]
-    proc = subprocess.Popen(argv, stdout=open(log, "wb"), stderr=subprocess.STDOUT)  # noqa: SIM115
+    proc = subprocess.Popen(argv, stdout=open(log, "wb"), stderr=subprocess.STDOUT,  # noqa: SIM115
+                            preexec_fn=_die_with_parent)
     import socket
 
     deadline = time.monotonic() + 20
@@ -128,7 +137,8 @@ def roundtrip(port: int, log: Path) -> dict:
         tokens, async_load = sched.get_num_new_matched_tokens(req2, 2 * BLOCK)
         blocks = SimpleNamespace(get_block_ids=lambda: ([100 + i for i in range(9)],))
         sched.update_state_after_alloc(req2, blocks, tokens)
-        step = sched.build_step(SimpleNamespace(preempted_req_ids=set(), num_scheduled_tokens={}))
+        step = sched.build_step(SimpleNamespace(preempted_req_ids=set(), num_scheduled_tokens={},
+                                                total_num_scheduled_tokens=0))
         b.start_step(step)
         _, recv, invalid = drain(b, want_recv={"r2"})
         return {"hit_tokens": tokens, "async": async_load, "load_blocks": step.loads[0].block_ids,
@@ -238,7 +248,40 @@ def master_dies(port: int, log: Path) -> dict:
             "worker": a.stats_dict(), "reason": a.client.disabled_reason or sched.client.disabled_reason}
 
 
-SCENARIOS = {f.__name__: f for f in (roundtrip, eviction, put_raises, master_dies)}
+def save_planning(port: int, log: Path) -> dict:
+    """Which blocks the scheduler hands to the workers to save, step by step, with and without output blocks."""
+    master = start_master(port, log)
+    try:
+        out = {}
+        for save_output in (False, True):
+            sched = make_scheduler(options(port), PoolKeys("test/plan"), save_output_blocks=save_output)
+            sched.kv_cache_manager = SimpleNamespace(get_block_ids=lambda req_id: ([40 + i for i in range(8)],))
+            req = request("r", 3 * BLOCK + 5)
+            sched.update_state_after_alloc(req, None, 0)
+
+            def step(scheduled: int, preempted=(), sched=sched):
+                built = sched.build_step(SimpleNamespace(preempted_req_ids=set(preempted),
+                                                         num_scheduled_tokens={"r": scheduled},
+                                                         total_num_scheduled_tokens=scheduled))
+                return [t.block_ids[0] for t in built.saves], built.finished_saves, built.preempted
+
+            steps = [step(3 * BLOCK + 5)]  # the prompt's forward: its 3 full blocks
+            req.num_computed_tokens = 3 * BLOCK + 5
+            req.append_output_token_ids(list(range(20)))
+            steps.append(step(1))  # a decode step filling no block
+            req.num_computed_tokens = 4 * BLOCK + 8
+            steps.append(step(1))  # the 4th block (prompt tail + output) is full now
+            steps.append(step(1, preempted=["r"]))  # preempted: its blocks are recomputed and saved again
+            finished = sched.request_finished(req)
+            steps.append(step(0))
+            out[f"save_output_{save_output}"] = {"steps": steps, "finished": finished,
+                                                 "tracked_after": len(sched.hashes)}
+        return out
+    finally:
+        master.kill()
+
+
+SCENARIOS = {f.__name__: f for f in (roundtrip, eviction, put_raises, master_dies, save_planning)}
 
 if __name__ == "__main__":
     # `all` runs every scenario in this one process (vLLM imports once), each against its own master.

@@ -1,15 +1,16 @@
 """The KV pool (AscendStoreConnector) between real vLLM engines over a real mooncake_master, and its faults.
 
-Four engines run in separate processes inside one loopback-only network namespace, all on one master:
-A (pool, PYTHONHASHSEED=11, core 0), B (pool with switchable faults, PYTHONHASHSEED=22, core 1), and a
-disaggregated pair P (MultiConnector: P2P producer + pool) / D (P2P consumer). The tests share them and run in file
-order: the last one kills the master.
+An engine pointed at no master fails to start with the named error. Then engines run in separate processes inside
+the session's loopback-only network namespace, all on one master:
+A (pool, the session's PYTHONHASHSEED, core 0) and B (pool with switchable faults, PYTHONHASHSEED=22, core 1, its
+own host); then A makes way for a disaggregated pair P (MultiConnector: P2P producer + pool, core 0) and D (P2P
+consumer, core 1). The tests share them and run in file order: the last one kills the master.
 """
 
 from __future__ import annotations
 
+import os
 import time
-from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -19,6 +20,7 @@ BLOCK = 128
 MASTER_PORT = 50051
 P2P_PORT = 30400
 MAX_TOKENS = 12
+B_HASHSEED = "22"
 
 
 def _pool(master: str, role: str = "kv_both", **extra) -> dict:
@@ -39,12 +41,27 @@ def faults(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def engines(start_engine, model_dir, netns, master, faults, here):
-    import os
-
-    common = {"model": model_dir, "block_size": BLOCK, "max_model_len": 1024, "max_num_seqs": 4}
+def engines(start_engine, shared_host, own_host, model_dir, master, faults, here):
+    b_env = {"PYTHONHASHSEED": B_HASHSEED, "ASCEND_POOL_FAULTS_DIR": str(faults),
+             "PYTHONPATH": os.pathsep.join(p for p in (str(here), os.environ.get("PYTHONPATH", "")) if p)}
     b_kv = _pool(master.address) | {"kv_connector": "FaultInjectingStoreConnector",
                                     "kv_connector_module_path": "pool_faults"}
+    a = start_engine(shared_host(0), model_dir, _pool(master.address), wait=False)
+    b = start_engine(own_host("pool-b", 1, b_env), model_dir, b_kv, wait=False)
+    a.started()
+    b.started()
+    engines = {"A": a, "B": b, "free": {"A": a.free_blocks(), "B": b.free_blocks()}}
+    yield engines
+    for name in ("A", "B", "P", "D"):
+        host = engines.get(name)
+        if host is not None and host.alive and host.engine is not None:
+            host.stop()
+
+
+@pytest.fixture(scope="module")
+def pd(engines, start_engine, shared_host, model_dir, master):
+    """A makes way for the disaggregated pair on the same cores."""
+    engines["A"].stop()
     p_kv = {"kv_connector": "MultiConnector", "kv_role": "kv_producer", "engine_id": "pool-prefill",
             "kv_load_failure_policy": "recompute", "kv_connector_extra_config": {"connectors": [
                 {"kv_connector": "AscendMooncakeConnector", "kv_role": "kv_producer",
@@ -52,50 +69,58 @@ def engines(start_engine, model_dir, netns, master, faults, here):
                 _pool(master.address, "kv_producer")]}}
     d_kv = {"kv_connector": "AscendMooncakeConnector", "kv_role": "kv_consumer", "engine_id": "pool-decode",
             "kv_load_failure_policy": "recompute", "kv_connector_extra_config": {"side_channel_port": P2P_PORT + 100}}
-    b_env = {"PYTHONHASHSEED": "22", "ASCEND_POOL_FAULTS_DIR": str(faults),
-             "PYTHONPATH": os.pathsep.join(p for p in (str(here), os.environ.get("PYTHONPATH", "")) if p)}
-    procs = {
-        "A": start_engine("A", common | {"kv_transfer_config": _pool(master.address)}, 0, netns=netns, wait=False,
-                          env={"PYTHONHASHSEED": "11"}),
-        "B": start_engine("B", common | {"kv_transfer_config": b_kv}, 1, netns=netns, wait=False, env=b_env),
-        "P": start_engine("P", common | {"kv_transfer_config": p_kv}, 0, netns=netns, wait=False),
-        "D": start_engine("D", common | {"kv_transfer_config": d_kv}, 1, netns=netns, wait=False),
-    }
-    engines = {name: proc.wait_ready() for name, proc in procs.items()}
-    engines["free"] = {name: e.call("free_blocks") for name, e in engines.items()}
-    yield engines
-    # in parallel: after the master is gone, Mooncake spends seconds per client giving up on it at shutdown
-    with ThreadPoolExecutor(4) as pool:
-        list(pool.map(lambda name: engines[name].close(), "ABPD"))
+    p = start_engine(shared_host(0), model_dir, p_kv, wait=False)
+    d = start_engine(shared_host(1), model_dir, d_kv, wait=False)
+    p.started()
+    d.started()
+    engines.update(P=p, D=d)
+    engines["free"].update(P=p.free_blocks(), D=d.free_blocks())
+    return engines
 
 
-def _poll(engine, done, timeout: float = 30.0) -> dict:
+def _poll(host, done, timeout: float = 30.0) -> dict:
     """Stats once `done(stats)` holds (bounded)."""
     deadline = time.monotonic() + timeout
-    stats = engine.call("stats")
+    stats = host.stats()
     while not done(stats) and time.monotonic() < deadline:
         time.sleep(0.1)
-        stats = engine.call("stats")
+        stats = host.stats()
     return stats
 
 
 def _settled(engines, name: str, timeout: float = 30.0) -> dict:
     """Stats once every block is free again and no save is pending or held."""
     def done(s):
-        return s["free_blocks"] == engines["free"][name] and (
-            "worker" not in s or (s["worker"]["pending_saves"] == 0 and s["worker"]["held_requests"] == 0))
+        pool = s.get("worker", {})
+        return s["free_blocks"] == engines["free"][name] and not pool.get("pending_saves") \
+            and not pool.get("held_requests")
     return _poll(engines[name], done, timeout)
 
 
-def _run(engine, req_id: str, ids: list[int], **kw) -> dict:
-    return engine.generate([{"id": req_id, "prompt_token_ids": ids, "max_tokens": MAX_TOKENS} | kw])[0]
+def _run(host, req_id: str, ids: list[int], **kw) -> dict:
+    return host.run_requests([{"id": req_id, "prompt_token_ids": ids, "max_tokens": MAX_TOKENS} | kw])[0]
 
 
 def _hits(stats: dict, prefix: str) -> list[int]:
     return [v for k, v in stats["scheduler"]["per_request_hits"].items() if k.startswith(prefix)]
 
 
+def _pd(p, d, tag: str, ids: list[int]) -> dict:
+    first = p.run_requests([{"id": f"p-{tag}", "prompt_token_ids": ids, "max_tokens": 1,
+                             "kv_transfer_params": {"do_remote_decode": True, "transfer_id": f"pool-{tag}"}}])[0]
+    return _run(d, f"d-{tag}", ids, kv_transfer_params=first["kv_transfer_params"])
+
+
+def test_master_absent_at_start_is_a_named_error(shared_host, model_dir, engine_defaults):
+    kv = _pool("127.0.0.1:50999", master_connect_timeout_s=1.0)
+    err = shared_host(0).start_error(model_dir, **(engine_defaults | {"kv_transfer_config": kv}))
+    assert err is not None and err["type"] == "PoolUnavailableError", err
+    assert "Mooncake master at 127.0.0.1:50999 is unreachable" in err["message"]
+    assert "over 1 s failed" in err["message"] and "master_server_address" in err["message"]
+
+
 def test_prefix_saved_by_one_engine_loads_in_another(engines, token_ids):
+    assert os.environ.get("PYTHONHASHSEED") != B_HASHSEED  # A's engine hashes blocks with another seed than B's
     a, b = engines["A"], engines["B"]
     ids = token_ids(5 * BLOCK + 40, offset=17)
     ref = _run(a, "a-first", ids)  # computed from scratch: the no-pool reference
@@ -120,7 +145,7 @@ def test_blocks_removed_after_the_lookup_are_recomputed(engines, token_ids, faul
     ids = token_ids(4 * BLOCK + 10, offset=31)
     ref = _run(a, "a-removed", ids)
     _settled(engines, "A")
-    before = b.call("stats")["worker"]
+    before = b.stats()["worker"]
     (faults / "remove_after_lookup").touch()
     try:
         out = _run(b, "b-removed", ids)
@@ -139,7 +164,7 @@ def test_blocks_removed_after_the_lookup_are_recomputed(engines, token_ids, faul
 def test_store_raising_on_put_leaks_no_block(engines, token_ids, faults):
     b = engines["B"]
     ids = token_ids(3 * BLOCK + 7, offset=43)
-    before = b.call("stats")["worker"]
+    before = b.stats()["worker"]
     (faults / "put_raises").touch()
     try:
         out = _run(b, "b-raises", ids)
@@ -154,35 +179,37 @@ def test_store_raising_on_put_leaks_no_block(engines, token_ids, faults):
     assert stats["worker"]["pool_enabled"] and stats["scheduler"]["held_requests"] == 0
 
 
-def test_prefill_saves_to_the_pool_while_decode_pulls_p2p(engines, token_ids):
-    p, d, b = engines["P"], engines["D"], engines["B"]
+def test_prefill_saves_to_the_pool_while_decode_pulls_p2p(pd, token_ids):
+    p, d, b = pd["P"], pd["D"], pd["B"]
     ids = token_ids(3 * BLOCK + 50, offset=53)
     ref = _run(d, "d-local", ids)
-    d.call("reset_prefix_cache")
-    first = p.generate([{"id": "p-pd", "prompt_token_ids": ids, "max_tokens": 1,
-                         "kv_transfer_params": {"do_remote_decode": True, "transfer_id": "pool-pd"}}])[0]
-    out = _run(d, "d-pd", ids, kv_transfer_params=first["kv_transfer_params"])
+    assert d.reset_prefix_cache()
+    out = _pd(p, d, "pd", ids)
     assert out["token_ids"] == ref["token_ids"]
-    pulled = [v for k, v in d.call("stats")["worker"]["pulled"].items() if k.startswith("d-pd")]
+    pulled = [v for k, v in d.stats()["worker"]["pulled"].items() if k.startswith("d-pd")]
     assert len(pulled) == 1 and pulled[0]["ok"] and pulled[0]["blocks"] == 4  # 3 full blocks + the partial one
     # P frees the prompt's blocks once D pulled them and its pool saves are done; then B finds them in the pool
-    assert _settled(engines, "P")["free_blocks"] == engines["free"]["P"]
+    assert _settled(pd, "P")["free_blocks"] == pd["free"]["P"]
     again = _run(b, "b-pd", ids)
     assert again["token_ids"] == ref["token_ids"]
-    assert _hits(_settled(engines, "B"), "b-pd") == [3 * BLOCK]
+    assert _hits(_settled(pd, "B"), "b-pd") == [3 * BLOCK]
 
 
-def test_master_killed_mid_run_serving_continues(engines, token_ids, master):
-    a, b = engines["A"], engines["B"]
-    ids = token_ids(2 * BLOCK + 3, offset=61)
-    ref = _run(a, "a-before-kill", ids)
-    _settled(engines, "A")
+def test_master_killed_mid_run_serving_continues(pd, token_ids, master, start_master):
+    p, d, b = pd["P"], pd["D"], pd["B"]
+    pooled = token_ids(5 * BLOCK + 40, offset=17)  # in the pool since the first test
+    ref = _run(d, "d-ref-kill", pooled)
+    assert d.reset_prefix_cache()
+    assert b.reset_prefix_cache()
     master.kill()
-    out_a = _run(a, "a-after-kill", token_ids(2 * BLOCK + 3, offset=67))
-    out_b = _run(b, "b-after-kill", ids)  # the pool held these blocks; now B computes them
-    assert out_b["token_ids"] == ref["token_ids"] and len(out_a["token_ids"]) == MAX_TOKENS
-    for name in "AB":
-        stats = _settled(engines, name, timeout=60)
-        assert stats["scheduler"]["pool_enabled"] is False
-        assert stats["free_blocks"] == engines["free"][name]
-    assert _hits(b.call("stats"), "b-after-kill") == []
+    try:
+        out_b = _run(b, "b-after-kill", pooled)  # B's lookup fails: it computes the prompt
+        out_pd = _pd(p, d, "after-kill", pooled)  # the disaggregated pair goes on without its pool
+        assert out_b["token_ids"] == ref["token_ids"] and out_pd["token_ids"] == ref["token_ids"]
+        stats = _settled(pd, "B", timeout=60)
+        assert stats["scheduler"]["pool_enabled"] is False and _hits(stats, "b-after-kill") == []
+        assert stats["free_blocks"] == pd["free"]["B"]
+        assert _settled(pd, "P", timeout=60)["free_blocks"] == pd["free"]["P"]
+    finally:
+        # a master on the port again, so the engines' Mooncake clients shut down in ~2 s instead of ~7 s each
+        start_master(MASTER_PORT)

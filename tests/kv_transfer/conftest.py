@@ -38,14 +38,14 @@ ENGINE_DEFAULTS = dict(dtype="float32", enforce_eager=True, seed=0, max_model_le
 
 
 @pytest.fixture(scope="session")
-def start_engine(host_pool):
+def start_engine(host_pool, netns_host):
     """`start_engine(name, config, cpu, netns=None, wait=True, lane="cpu")`: an engine on the session's host for
     (lane, namespace, core); `config` is {model, kv_transfer_config, block_size, ...} (LLM keyword arguments).
     With wait=False, call `host.started()` later (two engines then start together)."""
 
     def start(name: str, config: dict, cpu: int, netns=None, wait: bool = True, lane: str = "cpu"):
-        host = host_pool.get(f"{lane}-cpu{cpu}{'-netns' if netns is not None else ''}", lane=lane, netns=netns,
-                             cpus=cpu)
+        host = (netns_host(lane, cpu) if netns is not None
+                else host_pool.get(f"{lane}-v1-cpu{cpu}", lane=lane, runner="v1", cpus=cpu))
         engine = ENGINE_DEFAULTS | {k: v for k, v in config.items() if k != "model"}
         host.start(config["model"], wait=wait, **engine)
         return host

@@ -35,9 +35,9 @@ def prompts() -> list[str]:
     return [prompt_of_length(n, offset=3 * n) for n in PROMPT_LENGTHS]
 
 
-def run_engine(host, model, prompts, *, runner: str, sleep: bool = False, **engine) -> dict:
+def run_engine(host, model, prompts, *, sleep: bool = False, **engine) -> dict:
     """Start an engine, generate greedily with top-5 logprobs, read our usage markers (and sleep/wake), stop."""
-    started = host.start(model, runner=runner, **(ENGINE | engine))
+    started = host.start(model, **(ENGINE | engine))
     result = {"startup_s": started["startup_s"], "platform": started["platform"]}
     result["outputs"] = host.generate(prompts, max_tokens=MAX_TOKENS, logprobs=5)["outputs"]
     if host.lane == "simulated":
@@ -56,8 +56,8 @@ def run_engine(host, model, prompts, *, runner: str, sleep: bool = False, **engi
 class PlatformRuns:
     """Each engine of the suite, run on first use and remembered for the session."""
 
-    def __init__(self, sim_host, cpu_host, model, prompts) -> None:
-        self.sim, self.cpu, self.model, self.prompts = sim_host, cpu_host, model, prompts
+    def __init__(self, sim_v1_host, cpu_host, model, prompts) -> None:
+        self.sim, self.cpu, self.model, self.prompts = sim_v1_host, cpu_host, model, prompts
         self.results: dict[str, dict] = {}
 
     def __getitem__(self, name: str) -> dict:
@@ -66,24 +66,24 @@ class PlatformRuns:
         return self.results[name]
 
     def _run_cpu(self) -> dict:
-        return run_engine(self.cpu, self.model, self.prompts, runner="v1")
+        return run_engine(self.cpu, self.model, self.prompts)
 
     def _run_ascend_v1(self) -> dict:
-        return run_engine(self.sim, self.model, self.prompts, runner="v1", sleep=True, enable_sleep_mode=True,
+        return run_engine(self.sim, self.model, self.prompts, sleep=True, enable_sleep_mode=True,
                           additional_config={"kernel_checks": True})
 
     def _run_ascend_310p(self) -> dict:
-        return run_engine(self.sim, self.model, self.prompts, runner="v1", additional_config={"chip": "310P"})
+        return run_engine(self.sim, self.model, self.prompts, additional_config={"chip": "310P"})
 
     def _run_bad_config(self) -> dict:
-        errors = [self.sim.start_error(self.model, runner="v1", **(ENGINE | {"additional_config": bad}))
+        errors = [self.sim.start_error(self.model, **(ENGINE | {"additional_config": bad}))
                   for bad in BAD_CONFIGS]
         return {"startup_errors": errors}
 
 
 @pytest.fixture(scope="session")
-def platform_runs(sim_host, cpu_host, tiny_model, prompts) -> PlatformRuns:
-    return PlatformRuns(sim_host, cpu_host, tiny_model, prompts)
+def platform_runs(sim_v1_host, cpu_host, tiny_model, prompts) -> PlatformRuns:
+    return PlatformRuns(sim_v1_host, cpu_host, tiny_model, prompts)
 
 
 @pytest.fixture(scope="session")
@@ -109,7 +109,7 @@ def demo_run(tmp_path_factory, cache_root):
         lines = [line for line in out.splitlines() if line.startswith("{")]
         if proc.returncode != 0 or not lines:
             pytest.fail(f"the demo failed (exit {proc.returncode}); log tail:\n{log_path.read_text()[-4000:]}")
-        return json.loads(lines[-1]) | {"_log": log_path.read_text()}
+        return json.loads(lines[-1]) | {"_log": log_path.read_text(), "_stdout": out}
 
     yield result
     if proc.poll() is None:

@@ -6,6 +6,8 @@ awake), ours as a 310P (private per-layer KV buffers), and start-ups with bad `a
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 pytestmark = [pytest.mark.engine, pytest.mark.usefixtures("demo_run")]  # the demo starts first, beside the engines
@@ -61,8 +63,14 @@ def test_demo_runs_through_our_platform(demo_run, tiny_model):
     demo = demo_run()
     assert demo["platform"] == "SimulatedNPUPlatform" and demo["kernel_backend"] == "reference"
     assert demo["attention"] == ["AscendAttentionImpl"] and demo["model"] == str(tiny_model)
+    assert demo["runner"] in ("v1", "v2")
     assert demo["output_tokens"] == 16 and demo["tokens_per_s"] > 0 and demo["startup_s"] > 0
     assert [bool(s["output"].strip()) for s in demo["samples"]] == [True, True]
+    # What a user sees is the report alone: vLLM's logs and warnings went to the demo's log file.
+    assert demo["_stdout"].strip().count("\n") == 0, demo["_stdout"]
+    log = Path(demo["log"]).read_text()
+    assert "Loading weights took" in log  # vLLM's own logs are there
     # The engine shuts down cleanly: vLLM's shutdown cleanup empties accelerator caches on non-CPU platforms, which
     # on a CPU-only torch raised in the engine core until the simulated lane's shims (see the patch catalogue).
-    assert "Traceback" not in demo["_log"] and "Cannot access accelerator" not in demo["_log"], demo["_log"][-3000:]
+    for text in (log, demo["_log"]):
+        assert "Traceback" not in text and "Cannot access accelerator" not in text, text[-3000:]

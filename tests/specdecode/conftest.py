@@ -92,6 +92,6 @@ class CaseRuns:
 
 
 @pytest.fixture(scope="session")
-def run_case(sim_host, cpu_host, draft_models):
+def run_case(sim_v1_host, cpu_host, draft_models):
     """`run_case(lane, case)` -> `ascend_testkit.speculation.measure` of that engine."""
-    return CaseRuns({SIMULATED: sim_host, VLLM_CPU: cpu_host}, draft_models)
+    return CaseRuns({SIMULATED: sim_v1_host, VLLM_CPU: cpu_host}, draft_models)

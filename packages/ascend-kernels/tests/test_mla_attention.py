@@ -12,11 +12,14 @@ from ascend_kernels import ops
     ("dtype", "tol"), [(torch.float32, dict(rtol=1e-4, atol=1e-5)), (torch.bfloat16, dict(rtol=2e-2, atol=2e-2))]
 )
 @pytest.mark.parametrize("seq_lens", [[], [1], [16, 17, 40]])  # empty, one token, on / one past a block boundary
-def test_mla_decode_matches_naive(dtype, tol, seq_lens):
+@pytest.mark.parametrize("packed", [True, False])  # rope right after latent in one storage (vLLM's MLA cache), or not
+def test_mla_decode_matches_naive(dtype, tol, seq_lens, packed):
     gen = torch.Generator().manual_seed(1)
     heads, rank, rope_dim, bs, nb = 4, 32, 8, 16, 12
     backing = torch.randn(nb, bs, rank + rope_dim, generator=gen).to(dtype)
     latent_cache, rope_cache = backing[..., :rank].unsqueeze(2), backing[..., rank:].unsqueeze(2)
+    if not packed:
+        rope_cache = rope_cache.clone()
     b = len(seq_lens)
     table = torch.randperm(nb, generator=gen)[: b * 3].view(b, 3).int()
     q_nope = torch.randn(b, heads, rank, generator=gen).to(dtype)

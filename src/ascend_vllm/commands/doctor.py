@@ -10,7 +10,8 @@ import os
 import sys
 from typing import Any
 
-HELP = "Report torch, torch_npu, CANN, vLLM and its probed lane, Mooncake, and the entry points vLLM sees."
+HELP = ("Report torch, torch_npu, CANN, vLLM and its probed lane, Mooncake, the entry points vLLM sees, and whether "
+        "the simulated-NPU lane can run Model Runner V2.")
 
 OUR_ENTRY_POINTS = {
     "vllm.platform_plugins": {"ascend": "ascend_platform.registration:register"},
@@ -100,6 +101,33 @@ def _entry_points() -> dict[str, Any]:
     return {"ok": ok, "detail": "" if ok else "an entry point is not visible to vLLM", "groups": groups}
 
 
+def _mrv2() -> dict[str, Any]:
+    """Model Runner V2 in the simulated-NPU lane: Triton's interpreter, the kernel stand-ins and their patches."""
+    from ascend_platform.patches import REGISTRY
+    from ascend_platform.simulated import mrv2_lane, triton_interpreter
+    from ascend_platform.simulated.kernel_overrides import BLOCK_TABLE_KERNELS, STAND_INS
+
+    lane = triton_interpreter.status()
+    problems = REGISTRY.verify()
+    patches = {name: problem for name, problem in problems.items() if name.startswith(("simulated.", "mrv2."))}
+    requested = mrv2_lane.requested_runner()
+    default = "v2" if lane.usable else "v1"
+    ok = lane.usable and all(p is None for p in patches.values())
+    if not lane.usable:
+        detail = f"MRV2 cannot run in the simulated lane: {lane.reason}; it uses the V1 runner"
+    elif lane.mode == "native":
+        detail = f"Triton {lane.version} has a native CPU backend: vLLM's kernels compile as they are"
+    else:
+        replaced = len(STAND_INS) + len(BLOCK_TABLE_KERNELS)
+        detail = (f"Triton {lane.version} runs vLLM's kernels in its interpreter; {replaced} MRV2 kernels run as "
+                  "torch / ascend_kernels stand-ins")
+    runner = {"default": f"default -> {default}", "v1": "v1 (VLLM_USE_V2_MODEL_RUNNER=0)",
+              "v2": "v2 (VLLM_USE_V2_MODEL_RUNNER=1)"}[requested]
+    return {"ok": ok, "detail": detail, "runner": runner, "triton_version": lane.version, "mode": lane.mode,
+            "stand_ins": [s.kernel for s in STAND_INS] + list(BLOCK_TABLE_KERNELS), "patches": patches,
+            "interpreter_on_in_this_process": triton_interpreter.enabled()}
+
+
 def collect() -> dict[str, Any]:
     from ascend_platform.registration import SIMULATE_ENV, simulate_requested
 
@@ -111,6 +139,7 @@ def collect() -> dict[str, Any]:
         "vllm": _vllm(),
         "mooncake": _mooncake(),
         "entry_points": _entry_points(),
+        "mrv2_simulated": _mrv2(),
         "simulated_npu": {"ok": True, "enabled": simulate_requested(),
                           "detail": f"{SIMULATE_ENV}={os.environ.get(SIMULATE_ENV, '')!r}"},
     }
@@ -141,6 +170,10 @@ def render(report: dict[str, Any]) -> str:
             lines.append(f"      {_mark(info['seen'])}{group}: {name}{extra}")
     s = report["simulated_npu"]
     lines.append(f"    simulated NPU lane: {'on' if s['enabled'] else 'off'} ({s['detail']})")
+    r = report["mrv2_simulated"]
+    lines.append(f"{_mark(r['ok'])}MRV2 in the simulated lane: {r['detail']}; runner: {r['runner']}")
+    for name, problem in r["patches"].items():
+        lines.append(f"      {_mark(problem is None)}patch {name}{'' if problem is None else ': ' + problem}")
     return "\n".join(lines)
 
 

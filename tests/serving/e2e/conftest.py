@@ -10,7 +10,6 @@ scope: this folder has an `__init__.py` for that), not until the end of the whol
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -58,39 +57,31 @@ class Serving:
 
 
 @pytest.fixture(scope="package")
-def model_dir(tmp_path_factory) -> str:
-    from ascend_testkit.models.tiny_llama import cached_tiny_llama
-
-    cache = os.environ.get("ASCEND_VLLM_CACHE")
-    root = Path(cache) / "models" if cache else tmp_path_factory.mktemp("models")
-    return str(cached_tiny_llama(cache_dir=root))
-
-
-@pytest.fixture(scope="package")
 def serving_netns():
+    """A namespace of these servers' own: their fixed ports cannot meet the ports of other suites' engines."""
     from ascend_testkit.netns import LoopbackNamespace, NetnsUnavailableError
 
     try:
         ns = LoopbackNamespace()
     except NetnsUnavailableError as e:
-        pytest.skip(f"needs a loopback-only network namespace: {e}")
+        pytest.fail(f"needs a loopback-only network namespace (run as root with util-linux and iproute2): {e}")
     yield ns
     ns.close()
 
 
 @pytest.fixture(scope="package")
-def serving_session(tmp_path_factory, model_dir, serving_netns) -> Serving:
+def serving_session(tmp_path_factory, tiny_model, serving_netns) -> Serving:
     from ascend_testkit.servers import p2p_kv_config, start_router, start_serve
 
     logs = tmp_path_factory.mktemp("serving")
     # Development endpoints let a test ask the workers which platform, runner and attention ran (ascend_usage).
     dev = {"VLLM_SERVER_DEV_MODE": "1"}
     kv = {"abort_timeout_s": 30.0, "handshake_timeout_s": 2.0, "claim_wait_s": 3.0}
-    started = [start_serve("prefill", model_dir, PREFILL_PORT, log_dir=logs, cpu=0, netns=serving_netns,
+    started = [start_serve("prefill", tiny_model, PREFILL_PORT, log_dir=logs, cpu=0, netns=serving_netns,
                            env_extra=dev, kv_transfer_config=p2p_kv_config(
                                "kv_producer", SIDE_CHANNEL_PORTS["prefill"], "prefill", **kv))]
     for i, port in enumerate(DECODE_PORTS):
-        started.append(start_serve(f"decode{i}", model_dir, port, log_dir=logs, cpu=1, netns=serving_netns,
+        started.append(start_serve(f"decode{i}", tiny_model, port, log_dir=logs, cpu=1, netns=serving_netns,
                                    env_extra=dev, kv_transfer_config=p2p_kv_config(
                                        "kv_consumer", SIDE_CHANNEL_PORTS[f"decode{i}"], f"decode{i}", **kv)))
     try:

@@ -47,6 +47,16 @@ NPU_BINDINGS: dict[str, NpuBinding] = {
         kind="torch_npu",
         note="BNSD query with query_rope/key_rope over the paged latent cache, one KV head",
     ),
+    "gather_mla_cache": NpuBinding(
+        target="torch_npu.atb.npu_paged_cache_load", kind="torch_npu",
+        note="latent as key, rope as value; seq_starts 0; block-contiguous caches",
+    ),
+    "mla_prefill_attention": NpuBinding(
+        target="torch_npu.npu_fused_infer_attention_score",
+        kind="torch_npu",
+        note="TND q/k/v with k = [k_nope, k_rope per head], cumulative q/kv lengths, sparse_mode 3 (bottom-right "
+        "causal) with the 2048x2048 mask",
+    ),
     "rotary_embedding": NpuBinding(
         target="torch_npu._npu_rotary_embedding", kind="torch_npu", note="in place on [tokens, heads*rotary_dim]"
     ),
@@ -198,6 +208,36 @@ def mla_decode_attention(q_nope_absorbed, q_rope, latent_cache, rope_cache, bloc
     return out
 
 
+def gather_mla_cache(latent_cache, rope_cache, block_table, seq_lens):
+    if not (_block_contiguous(latent_cache) and _block_contiguous(rope_cache)):
+        return reference.gather_mla_cache(latent_cache, rope_cache, block_table, seq_lens)
+    total = int(seq_lens.sum())
+    latent = latent_cache.new_empty(total, latent_cache.shape[3])
+    rope = rope_cache.new_empty(total, rope_cache.shape[3])
+    _torch_npu().atb.npu_paged_cache_load(
+        latent_cache, rope_cache, block_table.to(torch.int32), seq_lens.to(torch.int32),
+        seq_starts=torch.zeros_like(seq_lens, dtype=torch.int32), key=latent.view(total, 1, -1),
+        value=rope.view(total, 1, -1))
+    return latent, rope
+
+
+def mla_prefill_attention(q, k_nope, k_rope, v, query_start_loc, kv_start_loc, *, scale, out=None):
+    t, h, _ = q.shape
+    n = k_nope.shape[0]
+    k = torch.cat([k_nope, k_rope.reshape(n, 1, -1).expand(n, h, -1)], dim=-1)
+    num_q = int(query_start_loc[-1])
+    result, _ = _torch_npu().npu_fused_infer_attention_score(
+        q[:num_q], k, v, num_heads=h, num_key_value_heads=h, input_layout="TND", scale=scale,
+        atten_mask=_causal_mask(str(q.device)), sparse_mode=_SPARSE_CAUSAL,
+        actual_seq_lengths=query_start_loc[1:].tolist(), actual_seq_lengths_kv=kv_start_loc[1:].tolist())
+    if out is None:
+        out = q.new_zeros(t, h, v.shape[2])
+    else:
+        out[num_q:].zero_()
+    out[:num_q].copy_(result.view(num_q, h, -1))
+    return out
+
+
 def rotary_embedding(positions, query, key, cos_sin_cache, *, head_size, rotary_dim, is_neox):
     t = positions.shape[0]
     if rotary_dim != head_size or not query.is_contiguous() or (key is not None and not key.is_contiguous()):
@@ -292,6 +332,8 @@ def npu_ops() -> dict[str, Callable]:
         "reshape_and_cache_mla": reshape_and_cache_mla,
         "paged_attention": paged_attention,
         "mla_decode_attention": mla_decode_attention,
+        "gather_mla_cache": gather_mla_cache,
+        "mla_prefill_attention": mla_prefill_attention,
         "rotary_embedding": rotary_embedding,
         "rms_norm": rms_norm,
         "silu_and_mul": silu_and_mul,

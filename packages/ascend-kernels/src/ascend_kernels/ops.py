@@ -15,6 +15,7 @@ from __future__ import annotations
 import torch
 
 from ascend_kernels import validation as _v
+from ascend_kernels import validation_mla as _vm
 from ascend_kernels.registry import OP_NAMES, current_impl
 
 __all__ = list(OP_NAMES)
@@ -110,6 +111,34 @@ def mla_decode_attention(
     return current_impl().mla_decode_attention(
         q_nope_absorbed, q_rope, latent_cache, rope_cache, block_table, seq_lens, scale=scale, out=out
     )
+
+
+def gather_mla_cache(latent_cache, rope_cache, block_table, seq_lens):
+    """Each request's whole context from the paged MLA cache, as contiguous rows (for prefill's up-projection).
+
+    Caches as in `reshape_and_cache_mla`; block_table int `[num_reqs, max_blocks]`, seq_lens int `[num_reqs]`.
+    Returns (latent `[sum(seq_lens), kv_lora_rank]`, rope `[sum(seq_lens), rope_dim]`) in the caches' dtype: request
+    r's positions 0 .. seq_lens[r] - 1, requests one after the other.
+    """
+    if _SWITCH.enabled:
+        _vm.check_gather_mla_cache(latent_cache, rope_cache, block_table, seq_lens)
+    return current_impl().gather_mla_cache(latent_cache, rope_cache, block_table, seq_lens)
+
+
+def mla_prefill_attention(q, k_nope, k_rope, v, query_start_loc, kv_start_loc, *, scale: float, out=None):
+    """MLA prefill attention with up-projected keys: every head's key is `[k_nope[j, h], k_rope[j]]`.
+
+    q `[num_tokens, num_heads, qk_nope + rope_dim]`; k_nope `[num_kv, num_heads, qk_nope]`; k_rope `[num_kv,
+    rope_dim]` (or `[num_kv, 1, rope_dim]`), shared by all heads; v `[num_kv, num_heads, v_head_dim]`. Request r owns
+    query rows `query_start_loc[r] : [r+1]` (m rows) and key rows `kv_start_loc[r] : [r+1]` (n >= m rows, its whole
+    context including the m new tokens), both int `[num_reqs + 1]`. Query i sits at position n - m + i and sees keys
+    j <= n - m + i (a chunk continuing a context). Logits `scale * q.k`, float32 softmax; returns
+    `[num_tokens, num_heads, v_head_dim]` in q's dtype (into `out` when given; rows past the last request zero).
+    """
+    if _SWITCH.enabled:
+        _vm.check_mla_prefill_attention(q, k_nope, k_rope, v, query_start_loc, kv_start_loc, scale, out)
+    return current_impl().mla_prefill_attention(q, k_nope, k_rope, v, query_start_loc, kv_start_loc, scale=scale,
+                                                out=out)
 
 
 def rotary_embedding(positions, query, key, cos_sin_cache, *, head_size: int, rotary_dim: int, is_neox: bool):

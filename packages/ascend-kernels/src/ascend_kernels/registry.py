@@ -19,6 +19,8 @@ OP_NAMES: tuple[str, ...] = (
     "reshape_and_cache_mla",
     "paged_attention",
     "mla_decode_attention",
+    "gather_mla_cache",
+    "mla_prefill_attention",
     "rotary_embedding",
     "rms_norm",
     "silu_and_mul",

@@ -96,6 +96,15 @@ class AscendStoreConnector(SplitRoleConnector):
     def requires_kv_delivery(self) -> bool:
         return False  # a cache: a dropped save is only a future miss
 
+    @classmethod
+    def get_required_kvcache_layout(cls, vllm_config: VllmConfig) -> str | None:
+        # A block's page of a layer must be one contiguous run of bytes (an object is a list of pages); layer-outer,
+        # block-major pages give that, and agree with the P2P connector under MultiConnector.
+        model = vllm_config.model_config
+        if model is None or model.use_mla:
+            return None
+        return "LBHNC"
+
     # ---- scheduler ----------------------------------------------------------------------------------------------
     def bind_kv_cache_manager(self, kv_cache_manager: KVCacheManager) -> None:
         super().bind_kv_cache_manager(kv_cache_manager)

@@ -15,6 +15,7 @@ from vllm.logger import init_logger
 from vllm.platforms.interface import Platform, PlatformEnum
 
 from ascend_platform.attention.selector import AttentionChoice, register_backend_names, select_attention_backend
+from ascend_platform.attention.validation import AttentionRequest
 from ascend_platform.plugin_config import AscendConfig, parse_ascend_config
 
 if TYPE_CHECKING:
@@ -29,12 +30,40 @@ _COMPRESSED_MODEL_TYPES = frozenset({"deepseek_v4"})
 _parsed: dict[str, AscendConfig] = {}
 
 
+def _attention_request(selector: Any, vllm_config: Any, hf_config: Any) -> AttentionRequest:
+    parallel = getattr(vllm_config, "parallel_config", None)
+    latent = None
+    if selector.use_mla and getattr(hf_config, "kv_lora_rank", None) is not None:
+        latent = int(hf_config.kv_lora_rank) + int(getattr(hf_config, "qk_rope_head_dim", 0) or 0)
+    return AttentionRequest(
+        head_size=int(selector.head_size), dtype=selector.dtype, kv_cache_dtype=selector.kv_cache_dtype,
+        block_size=selector.block_size,
+        pcp_size=int(getattr(parallel, "prefill_context_parallel_size", 1) or 1),
+        dcp_size=int(getattr(parallel, "decode_context_parallel_size", 1) or 1),
+        latent_size=latent)
+
+
 def ascend_config_of(vllm_config: VllmConfig) -> AscendConfig:
     """The validated plugin config of `vllm_config` (parsed once per distinct `additional_config`)."""
     key = json.dumps(vllm_config.additional_config or {}, sort_keys=True, default=repr)
     if key not in _parsed:
         _parsed[key] = parse_ascend_config(vllm_config.additional_config)
     return _parsed[key]
+
+
+def _scheduling_policy(vllm_config: VllmConfig) -> tuple:
+    sched, cache = vllm_config.scheduler_config, vllm_config.cache_config
+    return sched.enable_chunked_prefill, cache.enable_prefix_caching, sched.max_num_batched_tokens
+
+
+def _keep_mla_scheduling(vllm_config: VllmConfig, before: tuple) -> None:
+    """A device policy (vLLM's CPU platform, which the simulated lane reuses) may turn chunked prefill and prefix
+    caching off for MLA models because its own MLA kernels lack them; the Ascend MLA backend has both."""
+    model = vllm_config.model_config
+    if model is None or not getattr(model, "use_mla", False):
+        return
+    sched, cache = vllm_config.scheduler_config, vllm_config.cache_config
+    sched.enable_chunked_prefill, cache.enable_prefix_caching, sched.max_num_batched_tokens = before
 
 
 class AscendPlatformBase(Platform):
@@ -48,7 +77,9 @@ class AscendPlatformBase(Platform):
     @classmethod
     def check_and_update_config(cls, vllm_config: VllmConfig) -> None:
         ascend = ascend_config_of(vllm_config)  # raises AscendConfigError (one line) on a bad additional_config
+        scheduling = _scheduling_policy(vllm_config)
         cls._update_device_config(vllm_config)
+        _keep_mla_scheduling(vllm_config, scheduling)
         cls._decide_worker(vllm_config)
         cls._decide_block_size(vllm_config, ascend)
         cls._decide_graph_mode(vllm_config, ascend)
@@ -61,9 +92,15 @@ class AscendPlatformBase(Platform):
         """A bad draft fails start-up with one `SpeculativeConfigError` instead of silently accepting nothing."""
         if vllm_config.speculative_config is None:
             return
-        from ascend_specdecode import validate_speculative_config
+        from ascend_specdecode import SpeculativeConfigError, validate_speculative_config
+        from ascend_specdecode.methods import DRAFT_MODEL
 
         family = validate_speculative_config(vllm_config.speculative_config, vllm_config.model_config)
+        if family == DRAFT_MODEL and vllm_config.use_v2_model_runner:
+            # Else the worker fails while building the runner, after the engine processes have started.
+            raise SpeculativeConfigError(
+                "speculative method 'draft_model' runs only on the V1 runner with the Ascend plugin (its Model Runner "
+                "V2 speculators are dspark, dflash, mtp and eagle); set VLLM_USE_V2_MODEL_RUNNER=0")
         logger.info("speculative decoding: %s drafts (%s)", family, vllm_config.speculative_config.method)
 
     @classmethod
@@ -137,8 +174,9 @@ class AscendPlatformBase(Platform):
 
         vllm_config = get_current_vllm_config_or_none()
         ascend = ascend_config_of(vllm_config) if vllm_config is not None else AscendConfig()
-        model_type = getattr(getattr(getattr(vllm_config, "model_config", None), "hf_config", None),
-                             "model_type", None)
+        model_config = getattr(vllm_config, "model_config", None)
+        model_type = getattr(getattr(model_config, "hf_config", None), "model_type", None)
+        hf_config = getattr(model_config, "hf_text_config", None)
         choice = AttentionChoice(
             use_mla=bool(attn_selector_config.use_mla),
             use_sparse=bool(attn_selector_config.use_sparse),
@@ -148,7 +186,14 @@ class AscendPlatformBase(Platform):
         register_backend_names()
         if selected_backend is not None:
             logger.info("Ascend platform ignores attention backend %s; choosing by %s", selected_backend, choice)
-        return select_attention_backend(choice)
+        return select_attention_backend(choice, _attention_request(attn_selector_config, vllm_config, hf_config))
+
+    @classmethod
+    def get_mla_prefill_backend_cls(cls, mla_selector_config: Any) -> Any:
+        """vLLM's MLA layer asks for a prefill backend; Ascend MLA impls run prefill themselves (see the class)."""
+        from ascend_platform.attention.mla_backend import AscendMLAPrefillBackend
+
+        return AscendMLAPrefillBackend
 
     @classmethod
     def chip(cls, ascend: AscendConfig) -> str:

@@ -110,5 +110,12 @@ def test_attention_selection_through_the_platform(make_config):
     assert "ASCEND" in AttentionBackendEnum.__members__  # layers look the backend up by name
     with set_current_vllm_config(make_config(additional_config={"chip": "310P"})):
         assert SimulatedNPUPlatform.get_attn_backend_cls(None, sel) == ATTENTION_310P_BACKEND
-    with set_current_vllm_config(make_config()), pytest.raises(NotImplementedError, match="ASCEND_MLA"):
-        SimulatedNPUPlatform.get_attn_backend_cls(None, sel._replace(use_mla=True))
+    from ascend_platform.attention.selector import MLA_BACKEND
+    from ascend_platform.attention.validation import AttentionConfigError
+
+    with set_current_vllm_config(make_config()):
+        assert SimulatedNPUPlatform.get_attn_backend_cls(None, sel._replace(use_mla=True)) == MLA_BACKEND
+        with pytest.raises(AttentionConfigError, match="ASCEND_MLA cannot serve this model: kv_cache_dtype 'fp8'"):
+            SimulatedNPUPlatform.get_attn_backend_cls(None, sel._replace(use_mla=True, kv_cache_dtype="fp8"))
+    with set_current_vllm_config(make_config()), pytest.raises(NotImplementedError, match="ASCEND_SFA"):
+        SimulatedNPUPlatform.get_attn_backend_cls(None, sel._replace(use_mla=True, use_sparse=True))

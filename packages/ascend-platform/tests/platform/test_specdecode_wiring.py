@@ -91,3 +91,28 @@ def test_mrv2_runners_build_the_ascend_pcp_manager(runner_name):
     # upstream builds the manager with `cls=self.pcp_manager_cls` and checks the config through the class
     assert "cls=self.pcp_manager_cls" in inspect.getsource(upstream.GPUModelRunner)
     assert callable(built.validate_config)
+
+
+def test_draft_model_on_mrv2_fails_start_up_naming_the_v1_runner(spec_config, monkeypatch):
+    from ascend_platform.simulated_platform import SimulatedNPUPlatform
+    from ascend_specdecode import SpeculativeConfigError
+
+    monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", "1")
+    with pytest.raises(SpeculativeConfigError, match="'draft_model' runs only on the V1 runner.*"
+                                                     "VLLM_USE_V2_MODEL_RUNNER=0"):
+        SimulatedNPUPlatform._check_speculative_config(spec_config)
+    monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", "0")
+    SimulatedNPUPlatform._check_speculative_config(spec_config)
+
+
+def test_mrv2_requested_where_triton_is_off_fails_start_up_once(spec_config, monkeypatch):
+    """This pytest process never resolved the simulated platform, so Triton's interpreter is off here."""
+    from vllm.triton_utils import HAS_TRITON
+
+    from ascend_platform.simulated.mrv2_lane import ModelRunnerV2Unavailable
+    from ascend_platform.simulated_platform import SimulatedNPUPlatform
+
+    assert not HAS_TRITON
+    monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", "1")
+    with pytest.raises(ModelRunnerV2Unavailable, match="Triton's interpreter was not enabled in this process"):
+        SimulatedNPUPlatform.check_and_update_config(spec_config)

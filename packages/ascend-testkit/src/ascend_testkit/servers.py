@@ -2,7 +2,8 @@
 
 `start_serve` starts `ascend-vllm serve` (vLLM's OpenAI-compatible server on our platform) and `start_router` starts
 `ascend-vllm router`, each as a child process in its own process group (vLLM's engine processes die with it), inside
-a loopback-only network namespace when one is given (Mooncake listens on 0.0.0.0 whatever it is told). Readiness is
+a loopback-only network namespace when one is given (Mooncake listens on 0.0.0.0 whatever it is told), recording
+reach when the test session collects it (`ascend_testkit.reach`). Readiness is
 polled on the server's `/health` with a bound. `inside(netns)` moves the calling thread into the namespace so this
 process's clients reach servers bound to the namespace's 127.0.0.1.
 """
@@ -23,6 +24,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from ascend_testkit.netns import LoopbackNamespace
+from ascend_testkit.reach.collect import reach_env
 
 _CLONE_NEWNET = 0x40000000
 _PR_SET_PDEATHSIG = 1
@@ -83,6 +85,7 @@ def serve_env(cache_root: str | os.PathLike, cpu: int | None, *, simulate: bool 
         env.pop("ASCEND_VLLM_SIMULATE", None)
     if cpu is not None:
         env["VLLM_CPU_OMP_THREADS_BIND"] = str(cpu)
+    env.update(reach_env())
     env.update(extra or {})
     return env
 
@@ -210,5 +213,5 @@ def start_router(name: str, port: int, *, prefill: list[str], decode: list[str],
     for url in decode:
         argv += ["--decode", url]
     argv += list(args or [])
-    env = dict(os.environ)
+    env = dict(os.environ) | reach_env()
     return ServerProcess(name, argv, port=port, env=env, log_path=Path(log_dir) / f"{name}.log", netns=netns)

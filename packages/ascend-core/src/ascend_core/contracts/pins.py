@@ -19,7 +19,8 @@ except ModuleNotFoundError:  # Python 3.10
 
 PINS_FILE = "upstream_pins.toml"
 # Import names of our packages, in dependency order; each may carry a pins file next to its __init__.py.
-OUR_PACKAGES = ("ascend_kernels", "ascend_core", "ascend_kv_transfer", "ascend_specdecode", "ascend_platform")
+OUR_PACKAGES = ("ascend_kernels", "ascend_core", "ascend_kv_transfer", "ascend_specdecode", "ascend_platform",
+                "ascend_vllm")
 
 KINDS = frozenset({"module", "class", "dataclass", "function", "method", "attribute"})
 USES = frozenset({"import", "call", "subclass", "patch", "read", "override"})

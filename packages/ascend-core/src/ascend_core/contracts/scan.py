@@ -200,6 +200,9 @@ def scan_workspace(root: Path, extra_roots: tuple[str, ...] = ("src",)) -> ScanR
         folders.append((pins_file.parent.name, pins_file.parent, pins))
     for extra in extra_roots:
         for folder in sorted((root / extra).glob("*/__init__.py")):
+            own = folder.parent / PINS_FILE
+            if own.is_file():  # the meta-package may pin what only its commands use
+                all_pins += load_pins(own)
             folders.append((folder.parent.name, folder.parent, None))
     for name, folder, pins in folders:
         usages, missing = check_folder(folder, all_pins if pins is None else pins)

@@ -18,7 +18,7 @@ from vllm.logger import init_logger
 from vllm.v1.kv_cache_interface import MLAAttentionSpec, SlidingWindowMLASpec
 
 from ascend_core.kv.errors import KVSpecMergeError
-from ascend_core.upstream import capabilities, mla_ratio, mla_ratio_kwargs
+from ascend_core.upstream import capabilities, mla_ratio, mla_ratio_field, mla_ratio_kwargs
 
 logger = init_logger(__name__)
 
@@ -137,6 +137,19 @@ class AscendSparseIndexerSpec(_AscendPageParts, MLAAttentionSpec):
 @dataclass(frozen=True, kw_only=True)
 class AscendSlidingWindowMLASpec(_AscendPageParts, SlidingWindowMLASpec):
     """Sliding-window MLA (compressed sliding window layers) with the same page parts as the full MLA spec."""
+
+
+def ascend_mla_spec(spec: Any, *, rope_head_dim: int, ratio: int | None = None) -> AscendMLAAttentionSpec:
+    """vLLM's MLA spec of a layer as our `AscendMLAAttentionSpec` (same page; the rotary width said explicitly).
+
+    The compression ratio is `ratio` when given, else the spec's own (through the `mla_ratio` adapter).
+    """
+    if isinstance(spec, AscendMLAAttentionSpec) and ratio is None and spec.rope_head_dim == rope_head_dim:
+        return spec
+    field = mla_ratio_field(spec)
+    kwargs = {f.name: getattr(spec, f.name) for f in dataclasses.fields(spec) if f.init and f.name != field}
+    kwargs["rope_head_dim"] = rope_head_dim
+    return AscendMLAAttentionSpec.create(ratio=mla_ratio(spec) if ratio is None else ratio, **kwargs)
 
 
 ASCEND_KV_SPECS = (AscendMLAAttentionSpec, AscendSparseIndexerSpec, AscendSlidingWindowMLASpec)

@@ -116,6 +116,20 @@ def build_layer_kv(byte_view: torch.Tensor, spec: Any, layer: str) -> LayerKV:
                        _part(byte_view, key_bytes, head_v * size, dtype, layer))
 
 
+def mla_kv_of(kv_cache: torch.Tensor, kv_lora_rank: int) -> MLAKV:
+    """The latent and rope views of the KV tensor vLLM hands an MLA layer (`[num_blocks, block_size, C]`, or the
+    allocator's `[num_blocks, 1, block_size, C]`), the same views `build_layer_kv` cuts for an MLA spec: each state
+    holds `kv_lora_rank` latent elements, then the rotary part."""
+    if kv_cache.dim() == 4:
+        if kv_cache.shape[1] != 1:
+            raise KVLayoutError(f"an MLA KV tensor has one head, got shape {tuple(kv_cache.shape)}")
+        kv_cache = kv_cache[:, 0]
+    if kv_cache.dim() != 3 or not 0 < kv_lora_rank <= kv_cache.shape[-1]:
+        raise KVLayoutError(f"MLA KV tensor of shape {tuple(kv_cache.shape)} cannot hold a latent of "
+                            f"{kv_lora_rank} elements per state")
+    return MLAKV(kv_cache[..., :kv_lora_rank].unsqueeze(2), kv_cache[..., kv_lora_rank:].unsqueeze(2))
+
+
 def vllm_layer_view(byte_view: torch.Tensor, spec: Any) -> torch.Tensor:
     """What vLLM's own allocator hands the forward context for this layer: the `[B, H, N, C]` view in the
     spec's dtype (raw int8 for specs without one, e.g. Mamba)."""

@@ -11,6 +11,7 @@ from ascend_kernels.reference.cache_write import reshape_and_cache, reshape_and_
 from ascend_kernels.reference.gumbel import gumbel_sample
 from ascend_kernels.reference.layers import rms_norm, rotary_embedding, silu_and_mul
 from ascend_kernels.reference.logprobs import gather_logprobs, token_ranks
+from ascend_kernels.reference.mla_prefill import gather_mla_cache, mla_prefill_attention
 from ascend_kernels.reference.moe import fused_moe, fused_moe_reference, moe_gating_topk, topk_softmax
 from ascend_kernels.reference.rejection import rejection_sample
 from ascend_kernels.reference.sampling import sample, sample_greedy
@@ -20,6 +21,8 @@ REFERENCE_OPS = {
     "reshape_and_cache_mla": reshape_and_cache_mla,
     "paged_attention": paged_attention,
     "mla_decode_attention": mla_decode_attention,
+    "gather_mla_cache": gather_mla_cache,
+    "mla_prefill_attention": mla_prefill_attention,
     "rotary_embedding": rotary_embedding,
     "rms_norm": rms_norm,
     "silu_and_mul": silu_and_mul,

@@ -44,6 +44,8 @@ class PoolStep:
     finished_saves: list[str] = field(default_factory=list)
     # Requests preempted this step: their blocks may be reused by this step's forward.
     preempted: list[str] = field(default_factory=list)
+    # Nothing runs this step: a worker waiting on a load may block briefly instead of returning at once.
+    idle: bool = False
 
 
 @dataclass
@@ -155,6 +157,7 @@ class PoolScheduler:
             # Its blocks are freed; the recompute after resumption is saved again (present keys are skipped).
             self._next_save.pop(req_id, None)
         self._step.preempted = preempted
+        self._step.idle = not scheduler_output.total_num_scheduled_tokens
         if self.save and self.client.available:
             self._plan_saves(scheduler_output.num_scheduled_tokens)
         step, self._step = self._step, PoolStep()

@@ -26,6 +26,11 @@ from ascend_kv_transfer.pool.store_client import OBJECT_ALREADY_EXISTS, StoreCli
 
 logger = logging.getLogger(__name__)
 
+# How long an idle step (nothing scheduled) waits for a load in flight before returning. vLLM's engine loop steps an
+# idle engine without pause; on the core the worker is pinned to, that spinning would take the CPU the store's
+# transfer threads need. A load that lands ends the wait at once.
+IDLE_WAIT_S = 0.005
+
 
 @dataclass
 class PoolWorkerStats:
@@ -74,6 +79,8 @@ class PoolWorker:
         self._pending_saves: dict[str, int] = {}  # req -> save jobs not finished
         self._awaiting_report: set[str] = set()  # finished requests held until their saves are done
         self._finished_sending: set[str] = set()
+        self._loads_in_flight = 0
+        self._idle = False
         self._invalid_blocks: set[int] = set()
         self._failed_reqs: set[str] = set()
 
@@ -118,12 +125,15 @@ class PoolWorker:
                 self.stats.inline_loads += 1
                 self._load(job)
             else:
-                self._loader.submit(self._load, job)
+                with self._lock:
+                    self._loads_in_flight += 1
+                self._loader.submit(self._load, job, True)
 
-    def _load(self, job: PoolTransfer) -> None:
+    def _load(self, job: PoolTransfer, threaded: bool = False) -> None:
         t0 = time.perf_counter()
         failed_at: set[int] = set()  # positions in the job whose object failed in some group
         keys: list[str] = []
+        sizes: list[list[int]] = []
         nbytes = 0
         try:
             assert self.layout is not None, "register_kv_caches() first"
@@ -153,10 +163,14 @@ class PoolWorker:
             self.stats.bytes_loaded += nbytes
             self.stats.load_failed_blocks += len(failed_at)
             self.stats.blocks_loaded += job.num_blocks - len(failed_at)
-            self.recent_loads[job.req_id] = {"keys": keys, "bytes": nbytes, "seconds": dt, "failed": len(failed_at)}
+            self.recent_loads[job.req_id] = {"keys": keys, "bytes": nbytes, "seconds": dt, "failed": len(failed_at),
+                                             "buffer_sizes": sizes[0] if keys else []}
             while len(self.recent_loads) > 64:
                 self.recent_loads.pop(next(iter(self.recent_loads)))
         self._loaded.put(LoadResult(job.req_id, failed))
+        if threaded:
+            with self._lock:
+                self._loads_in_flight -= 1
 
     # ---- saves --------------------------------------------------------------------------------------------------
     def start_saves(self, jobs: list[PoolTransfer]) -> None:
@@ -240,16 +254,20 @@ class PoolWorker:
 
     # ---- step ---------------------------------------------------------------------------------------------------
     def start_step(self, step: PoolStep) -> None:
+        self._idle = step.idle
         self.finish_requests(step.finished_saves)
         self.start_loads(step.loads)
 
     def get_finished(self) -> tuple[set[str], set[str]]:
         recving: set[str] = set()
+        wait = IDLE_WAIT_S if self._idle and self._loads_in_flight else 0.0
+        self._idle = False
         while True:
             try:
-                result = self._loaded.get_nowait()
+                result = self._loaded.get(timeout=wait) if wait else self._loaded.get_nowait()
             except queue.Empty:
                 break
+            wait = 0.0
             recving.add(result.req_id)
             if any(result.failed_block_ids):
                 if len(self.groups) > 1:  # block ids repeat across groups: report the request instead

@@ -8,15 +8,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ascend_platform.attention.validation import AttentionRequest, check_backend
+
 _PKG = "ascend_platform.attention"
 
 ATTENTION_BACKEND = f"{_PKG}.backend.AscendAttentionBackend"
 ATTENTION_310P_BACKEND = f"{_PKG}.backend.Ascend310PAttentionBackend"
+MLA_BACKEND = f"{_PKG}.mla_backend.AscendMLABackend"
 
 # (use_mla, use_sparse, compressed) -> backend class path, or None where the backend is not built yet.
 BACKENDS: dict[tuple[bool, bool, bool], str | None] = {
     (False, False, False): ATTENTION_BACKEND,
-    (True, False, False): None,  # MLA
+    (True, False, False): MLA_BACKEND,
     (True, True, False): None,  # SFA: sparse flash attention (DeepSeek V3.2)
     (True, True, True): None,  # DSA with the compressed indexer cache (DeepSeek V4)
     (True, False, True): None,  # compressed MLA
@@ -46,13 +49,26 @@ def register_backend_names() -> None:
     """Give vLLM's `AttentionBackendEnum` our backends' names (layers look their backend up by `get_name()`)."""
     from vllm.v1.attention.backends.registry import AttentionBackendEnum, register_backend
 
-    for name, path in (("ASCEND", ATTENTION_BACKEND), ("ASCEND_310P", ATTENTION_310P_BACKEND)):
+    for name, path in (("ASCEND", ATTENTION_BACKEND), ("ASCEND_310P", ATTENTION_310P_BACKEND),
+                       ("ASCEND_MLA", MLA_BACKEND)):
         if name not in AttentionBackendEnum.__members__:
             register_backend(name, path)
 
 
-def select_attention_backend(choice: AttentionChoice) -> str:
-    """The backend class path for `choice`; a clear error for combinations we do not serve."""
+def backend_name(choice: AttentionChoice) -> str:
+    return "ASCEND_310P" if choice.is_310p else NAMES.get(choice.key, "?")
+
+
+def select_attention_backend(choice: AttentionChoice, request: AttentionRequest | None = None) -> str:
+    """The backend class path for `choice`, checked against `request` when given (`AttentionConfigError` naming
+    every reason it cannot serve it); a clear error for combinations we do not serve."""
+    path = _path(choice)
+    if request is not None:
+        check_backend(backend_name(choice), request)
+    return path
+
+
+def _path(choice: AttentionChoice) -> str:
     if choice.is_310p:
         if choice.use_mla or choice.use_sparse:
             raise NotImplementedError("310P serves standard attention only (no MLA/sparse attention on 310P)")

@@ -5,8 +5,8 @@ With Triton's interpreter on (`triton_interpreter`), every Triton launch runs ea
 launches on ordinary steps are replaced by torch / `ascend_kernels` stand-ins (`mrv2_kernels`), exactly where a
 device build plugs in its own: the platform hook `register_triton_kernel_overrides`, which vLLM calls in each worker
 before the runner exists, handing the table to `vllm.triton_utils.dispatcher.register_kernels`. Kernels not listed
-(spec-decode drafting and rejection, structured-output bitmasks, thinking budget, watermarking, prompt logprobs,
-logit bias/bad words, Mamba, PCP) still run in the interpreter: correct, slow.
+(spec-decode drafting and rejection, thinking budget, watermarking, prompt logprobs, logit bias/bad words, Mamba,
+PCP) still run in the interpreter: slow, and where Triton 3.9's interpreter cannot run a kernel, failing.
 """
 
 from __future__ import annotations
@@ -58,6 +58,8 @@ STAND_INS: tuple[StandIn, ...] = (
     StandIn(f"{_GPU}.sample.penalties._penalties_kernel", sampling.penalties, "penalties"),
     StandIn(f"{_GPU}.sample.penalties._bincount_kernel", sampling.bincount, "requests with penalties join"),
     StandIn("vllm.v1.sample.ops.topk_topp_triton.apply_top_k_top_p_triton", sampling.top_k_top_p, "top_k / top_p"),
+    StandIn(f"{_GPU}.structured_outputs._apply_grammar_bitmask_kernel", sampling.grammar_bitmask,
+            "structured-output requests"),
 )
 # Not a kernel launch but the same per-step work: `SimulatedBlockTables` (mrv2_kernels.block_tables) replaces
 # `_gather_block_tables_kernel` and `_compute_slot_mappings_kernel` (raw pointer tables, grid-sized work).
@@ -100,7 +102,8 @@ def register_for_lane() -> None:
 
     if not triton_interpreter.enabled():
         CpuPlatform.register_triton_kernel_overrides()
-        usage.note("triton", "off")
+        lane = triton_interpreter.status()
+        usage.note("triton", "native" if lane.mode == "native" else "off")
         return
     if _registered:
         return

@@ -39,16 +39,18 @@ class EngineStartError(EngineError):
 
 class EngineHost:
     def __init__(self, name: str, *, lane: str = "simulated", log_dir: str | os.PathLike, cpus: str | int | None = None,
-                 env: Mapping[str, str] | None = None, netns: Any = None, setup: Sequence[str] = ()) -> None:
+                 runner: str | None = None, env: Mapping[str, str] | None = None, netns: Any = None,
+                 setup: Sequence[str] = ()) -> None:
         self.name = name
         self.lane = lane
+        self.runner = runner
         log_dir = Path(log_dir)
         log_dir.mkdir(parents=True, exist_ok=True)
         self.log_path = log_dir / f"{name}.log"
         self._log = open(self.log_path, "ab")  # noqa: SIM115 - lives as long as the process
         argv = [sys.executable, "-m", "ascend_testkit.engine.host", *(a for s in setup for a in ("--setup", s))]
         cmd = netns.command(argv) if netns is not None else argv
-        host_env = engine_env(lane, log_dir / f"{name}-vllm-cache", cpus=cpus, extra=env)
+        host_env = engine_env(lane, log_dir / f"{name}-vllm-cache", cpus=cpus, runner=runner, extra=env)
         self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log,
                                      env=host_env)
         self._waiting: deque[tuple[str, float]] = deque([("hello", HELLO_TIMEOUT_S)])
@@ -120,13 +122,16 @@ class EngineHost:
             return ""
 
     # ---- engine life cycle ----------------------------------------------------------------------------------------
-    def start(self, model: str | os.PathLike, *, runner: str | None = None, env: Mapping[str, str] | None = None,
-              wait: bool = True, timeout: float = START_TIMEOUT_S, **engine: Any) -> Any:
-        """Build `LLM(model, **engine)` in the host (`runner` "v1"/"v2" sets VLLM_USE_V2_MODEL_RUNNER).
+    def start(self, model: str | os.PathLike, *, env: Mapping[str, str] | None = None, wait: bool = True,
+              timeout: float = START_TIMEOUT_S, **engine: Any) -> Any:
+        """Build `LLM(model, **engine)` in the host, after setting `env` (per-engine variables).
 
-        With `wait=False` the command is only sent: call `started()` later (to overlap several hosts' start-ups).
+        The model runner is the host's (`EngineHost(runner=...)`). With `wait=False` the command is only sent: call
+        `started()` later (to overlap several hosts' start-ups).
         """
-        self.send("start", timeout, model=str(model), engine=engine, env=dict(env or {}), runner=runner)
+        if "runner" in engine:
+            raise TypeError("the model runner is chosen per host process: EngineHost(..., runner='v1'|'v2')")
+        self.send("start", timeout, model=str(model), engine=engine, env=dict(env or {}))
         return self.started() if wait else self
 
     def started(self) -> dict[str, Any]:

@@ -19,11 +19,16 @@ _BASE = {
 }
 
 
-def engine_env(lane: str, cache_root: str | os.PathLike, *, cpus: str | int | None = None,
+RUNNERS = {"v1": "0", "v2": "1"}
+
+
+def engine_env(lane: str, cache_root: str | os.PathLike, *, cpus: str | int | None = None, runner: str | None = None,
                extra: Mapping[str, str] | None = None, base: Mapping[str, str] | None = None) -> dict[str, str]:
     """The environment for a host of `lane` ("simulated" or "cpu") with its own vLLM cache under `cache_root`.
 
     `cpus` pins the engine's OpenMP threads (`VLLM_CPU_OMP_THREADS_BIND`: "0", "1", "0|1" for two ranks).
+    `runner` ("v1", "v2"; None: vLLM's default) is the process's model runner, as a user's VLLM_USE_V2_MODEL_RUNNER
+    is: the simulated lane prepares Triton for MRV2 (or not, for V1) once, when the process resolves its platform.
     """
     if lane not in LANES:
         raise ValueError(f"unknown engine lane {lane!r} (known: {', '.join(LANES)})")
@@ -34,6 +39,11 @@ def engine_env(lane: str, cache_root: str | os.PathLike, *, cpus: str | int | No
     env.pop("ASCEND_VLLM_SIMULATE", None)
     if lane == "simulated":
         env["ASCEND_VLLM_SIMULATE"] = "1"
+    env.pop("VLLM_USE_V2_MODEL_RUNNER", None)
+    if runner is not None:
+        if runner not in RUNNERS:
+            raise ValueError(f"unknown model runner {runner!r} (known: v1, v2)")
+        env["VLLM_USE_V2_MODEL_RUNNER"] = RUNNERS[runner]
     if cpus is not None:
         env["VLLM_CPU_OMP_THREADS_BIND"] = str(cpus)
     env.update(reach_env())

@@ -18,15 +18,18 @@ class HostPool:
         self.log_dir = Path(log_dir)
         self.hosts: dict[str, EngineHost] = {}
 
-    def get(self, name: str, *, lane: str = "simulated", netns: Any = None, cpus: str | int | None = None,
-            env: dict[str, str] | None = None, setup: tuple[str, ...] = ()) -> EngineHost:
+    def get(self, name: str, *, lane: str = "simulated", runner: str | None = None, netns: Any = None,
+            cpus: str | int | None = None, env: dict[str, str] | None = None,
+            setup: tuple[str, ...] = ()) -> EngineHost:
         """The host called `name`, started with these settings on first use (later calls must not differ)."""
         host = self.hosts.get(name)
         if host is not None and host.proc.poll() is None:
-            if host.lane != lane:
-                raise ValueError(f"engine host {name!r} runs the {host.lane} lane, not {lane}")
+            if (host.lane, host.runner) != (lane, runner):
+                raise ValueError(f"engine host {name!r} runs the {host.lane} lane with runner {host.runner}, "
+                                 f"not {lane} with {runner}")
             return host
-        host = EngineHost(name, lane=lane, log_dir=self.log_dir, cpus=cpus, env=env, netns=netns, setup=setup)
+        host = EngineHost(name, lane=lane, runner=runner, log_dir=self.log_dir, cpus=cpus, env=env, netns=netns,
+                          setup=setup)
         self.hosts[name] = host
         return host
 

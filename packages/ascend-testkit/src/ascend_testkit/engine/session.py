@@ -63,9 +63,10 @@ class EngineSession:
         self._affinity = os.sched_getaffinity(0)
 
     # ---- life cycle -----------------------------------------------------------------------------------------------
-    def start(self, model: str, engine: Mapping[str, Any] | None = None, env: Mapping[str, str] | None = None,
-              runner: str | None = None) -> dict[str, Any]:
-        """Build `LLM(model, **engine)` after applying `env` (and `runner`: "v1"/"v2" -> VLLM_USE_V2_MODEL_RUNNER)."""
+    def start(self, model: str, engine: Mapping[str, Any] | None = None,
+              env: Mapping[str, str] | None = None) -> dict[str, Any]:
+        """Build `LLM(model, **engine)` after applying `env` (variables an engine reads; not the model runner, which
+        is the process's: see `engine_env`)."""
         if self.llm is not None:
             raise RuntimeError("an engine is already running in this host; stop it first")
         for key, value in (env or {}).items():
@@ -73,8 +74,8 @@ class EngineSession:
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = str(value)
-        if runner is not None:
-            os.environ["VLLM_USE_V2_MODEL_RUNNER"] = {"v1": "0", "v2": "1"}[runner]
+        if "VLLM_USE_V2_MODEL_RUNNER" in (env or {}):
+            raise ValueError("the model runner is the host process's (EngineHost(runner=...)), not an engine's")
         import vllm.envs
 
         # The previous engine froze vLLM's environment cache; this one must see the variables set above.
@@ -85,11 +86,12 @@ class EngineSession:
         t0 = time.perf_counter()
         self.llm = LLM(model=model, **kwargs)
         startup_s = time.perf_counter() - t0
-        self.spec = {"model": model, "engine": kwargs, "runner": runner}
+        self.spec = {"model": model, "engine": kwargs}
         self._probe_transfer_results()
         from vllm.platforms import current_platform
 
-        return {"startup_s": startup_s, "platform": type(current_platform).__name__, "pid": os.getpid()}
+        return {"startup_s": startup_s, "platform": type(current_platform).__name__, "pid": os.getpid(),
+                "runner": {"0": "v1", "1": "v2"}.get(os.environ.get("VLLM_USE_V2_MODEL_RUNNER", ""), "default")}
 
     def stop(self) -> None:
         if self.llm is None:

@@ -30,9 +30,13 @@ class TinyModelSpec:
         return hashlib.sha256(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()[:12]
 
 
+def default_cache_root() -> Path:
+    """$ASCEND_VLLM_CACHE, or ~/.cache/ascend-vllm: models under models/, demo logs under logs/."""
+    return Path(os.environ.get("ASCEND_VLLM_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "ascend-vllm"))
+
+
 def default_cache_dir() -> Path:
-    root = os.environ.get("ASCEND_VLLM_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "ascend-vllm")
-    return Path(root) / "models"
+    return default_cache_root() / "models"
 
 
 def _word(i: int) -> str:

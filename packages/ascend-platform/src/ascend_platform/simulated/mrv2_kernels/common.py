@@ -19,3 +19,9 @@ def rows_of(counts: torch.Tensor, total: int) -> tuple[torch.Tensor, torch.Tenso
     seg = torch.repeat_interleave(torch.arange(n, device=counts.device), counts, output_size=total)
     starts = torch.cumsum(counts, 0) - counts
     return seg, torch.arange(total, device=counts.device) - starts[seg]
+
+
+def unpack_bits(packed: torch.Tensor, width: int) -> torch.Tensor:
+    """int32 words `[rows, words]` -> bool `[rows, width]`: bit i of word w stands for entry 32 * w + i."""
+    bits = (packed.long()[..., None] >> torch.arange(32, device=packed.device)) & 1
+    return bits.view(packed.shape[0], -1)[:, :width].bool()

@@ -1,5 +1,5 @@
-"""Model Runner V2's sampling kernels (`vllm/v1/worker/gpu/sample/`): Gumbel-max sampling, logprobs, temperature,
-min-p and penalties.
+"""Model Runner V2's sampling kernels (`vllm/v1/worker/gpu/sample/`, `structured_outputs.py`): Gumbel-max sampling,
+logprobs, temperature, min-p, penalties and the structured-output bitmask.
 
 Sampling and logprobs call `ascend_kernels` ops (`gumbel_sample` reproduces MRV2's counter-based noise, so seeded
 requests draw what vLLM's kernel draws); the logits processors are a few torch ops each. Rows are selected by the
@@ -12,7 +12,7 @@ import torch
 
 from ascend_platform import usage
 from ascend_platform.facade import kernel_ops
-from ascend_platform.simulated.mrv2_kernels.common import flat
+from ascend_platform.simulated.mrv2_kernels.common import flat, unpack_bits
 
 _DRAFT_NOISE_SALT = 1 << 30  # vLLM's offset keeping a draft's noise apart from the target's
 
@@ -77,12 +77,6 @@ def min_p(logits_ptr, logits_stride, expanded_idx_mapping_ptr, min_p_ptr, vocab_
         view[rows] = sub.masked_fill(sub < threshold, float("-inf"))
 
 
-def _unpack_bits(packed: torch.Tensor, vocab_size: int) -> torch.Tensor:
-    """int32 words -> bool `[rows, vocab]`, bit i of word w standing for token 32 * w + i."""
-    bits = (packed.long()[..., None] >> torch.arange(32, device=packed.device)) & 1
-    return bits.view(packed.shape[0], -1)[:, :vocab_size].bool()
-
-
 def penalties(logits_ptr, logits_stride, expanded_idx_mapping_ptr, token_ids_ptr, expanded_local_pos_ptr,
               repetition_penalty_ptr, frequency_penalty_ptr, presence_penalty_ptr, prompt_bin_mask_ptr,
               prompt_bin_mask_stride, output_bin_counts_ptr, output_bin_counts_stride, vocab_size, BLOCK_SIZE=None,
@@ -107,7 +101,7 @@ def penalties(logits_ptr, logits_stride, expanded_idx_mapping_ptr, token_ids_ptr
     logits = view[rows].float()
     use_rep = (rep[rows] != 1.0).nonzero().view(-1)
     if use_rep.numel():
-        prompt = _unpack_bits(prompt_bin_mask_ptr[row_reqs[use_rep]], vocab_size)
+        prompt = unpack_bits(prompt_bin_mask_ptr[row_reqs[use_rep]], vocab_size)
         sub = logits[use_rep]
         scale = torch.where(prompt | seen[use_rep], rep[rows][use_rep, None], torch.ones((), dtype=torch.float32))
         logits[use_rep] = sub * torch.where(sub > 0, 1.0 / scale, scale)
@@ -150,3 +144,22 @@ def top_k_top_p(logits: torch.Tensor, k: torch.Tensor | None, p: torch.Tensor | 
     if mask_value != float("-inf"):
         raise NotImplementedError(f"top-k/top-p stand-in masks with -inf only, got mask_value={mask_value}")
     return apply_top_k_top_p_pytorch(logits, k, p, allow_cpu_sync=True)
+
+
+def grammar_bitmask(logits_ptr, logits_stride, logits_indices_ptr, cu_num_logits_ptr, bitmask_ptr, bitmask_stride,
+                    vocab_size, MASK_STRIDE=None, BLOCK_SIZE=None, **_launch):
+    """`_apply_grammar_bitmask_kernel`: -inf for the tokens a grammar forbids (bit 0) in each mask's logits row; a
+    mask maps to (request, position) = divmod(index, MASK_STRIDE), inactive past the request's logits."""
+    mapping = logits_indices_ptr.long()
+    if mapping.numel() == 0:
+        return
+    req, position = mapping // MASK_STRIDE, mapping % MASK_STRIDE
+    cu = cu_num_logits_ptr.long()
+    active = (position < cu[req + 1] - cu[req]).nonzero().view(-1)
+    if active.numel() == 0:
+        return
+    rows = cu[req[active]] + position[active]
+    words = (vocab_size + 31) // 32
+    forbidden = ~unpack_bits(bitmask_ptr[active, :words], vocab_size)
+    view = logits_ptr[:, :vocab_size]
+    view[rows] = view[rows].masked_fill(forbidden, float("-inf"))

@@ -1,0 +1,45 @@
+"""Worker probes of the KV cache our allocator made (`EngineHost.rpc("ascend_testkit.kv_probes:<name>")`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def layer_kv(worker: Any) -> dict[str, dict[str, Any]]:
+    """Per layer: the kind of typed view the allocator cut, its spec, and the bytes one token takes per layer.
+
+    Bytes per token come from the views themselves: the per-state parts of the typed views (latent + rope for MLA,
+    K + V otherwise) and, as a cross-check, the last axis of vLLM's own `[blocks, heads, states, bytes]` view times its
+    heads; `states_per_block` is what a block holds (block_size // tokens per state).
+    """
+    allocation = getattr(worker.model_runner, "ascend_kv", None)
+    if allocation is None:
+        return {}
+    out: dict[str, dict[str, Any]] = {}
+    for name, kv in allocation.layers.items():
+        parts = {k: v for k, v in vars(kv).items() if hasattr(v, "shape") and k != "scale"}
+        typed = sum(v.shape[-1] * v.shape[-2] * v.element_size() for v in parts.values())
+        view = allocation.vllm_views[name]
+        out[name] = {
+            "kind": type(kv).__name__,
+            "dims": {k: int(v.shape[-1]) for k, v in parts.items()},
+            "dtype": str(next(iter(parts.values())).dtype),
+            "bytes_per_token": int(typed),
+            "vllm_view_bytes_per_token": int(view.shape[1] * view.shape[-1] * view.element_size()),
+            "states_per_block": int(view.shape[2]),
+        }
+    return out
+
+
+def kv_specs(worker: Any) -> dict[str, str]:
+    """Layer -> class of the KV spec the runner planned it with."""
+    config = getattr(worker.model_runner, "kv_cache_config", None)
+    if config is None:
+        return {}
+    out = {}
+    for group in config.kv_cache_groups:
+        specs = getattr(group.kv_cache_spec, "kv_cache_specs", None)
+        for name in group.layer_names:
+            spec = specs[name] if specs is not None else group.kv_cache_spec
+            out[name] = f"{type(spec).__module__}.{type(spec).__qualname__}"
+    return out
