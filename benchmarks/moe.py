@@ -43,8 +43,8 @@ def decode_run(name: str, model: Path, max_tokens: int, workdir: Path, round_no:
     from ascend_testkit.models.tiny_llama import prompt_of_length
 
     lane = ENGINES[name]
-    with EngineHost(f"{name}-{round_no}", lane=lane, log_dir=workdir) as host:
-        started = host.start(model, runner="v1", **ENGINE)
+    with EngineHost(f"{name}-{round_no}", lane=lane, runner="v1", log_dir=workdir) as host:
+        started = host.start(model, **ENGINE)
         prompts = [prompt_of_length(8, offset=13 * i) for i in range(4)]
         host.generate(prompts, max_tokens=4, ignore_eos=True)  # warm-up
         prefill_s = host.generate(prompts, max_tokens=1, ignore_eos=True)["seconds"]
@@ -72,9 +72,8 @@ def eplb_run(model: Path, workdir: Path) -> dict:
 
     prompts = [prompt_of_length(n, offset=3 * n) for n in EPLB_PROMPT_LENGTHS]
     config = {"eplb": True, "eplb_redundant_experts": 2, "eplb_interval": 0}
-    with EngineHost("eplb", lane="simulated", log_dir=workdir, cpus="0|1",
-                    setup=[PROBES + "host_setup"]) as host:
-        host.start(model, runner="v1", tensor_parallel_size=2, enable_expert_parallel=True,
+    with EngineHost("eplb", lane="simulated", runner="v1", log_dir=workdir, cpus="0|1") as host:
+        host.start(model, tensor_parallel_size=2, enable_expert_parallel=True,
                    **(ENGINE | {"additional_config": config}))
         first = host.generate(prompts, max_tokens=32)["outputs"]
         before = host.rpc(PROBES + "eplb_window")[0]

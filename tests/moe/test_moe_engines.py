@@ -1,8 +1,8 @@
 """Mixture-of-experts models through the plugin in a real vLLM engine (simulated-NPU lane) against vLLM-CPU.
 
-Engines run once per session (see conftest): Qwen3-MoE and GLM-4-MoE on both platforms, a model with its own
-`RoutedExperts` subclass, Qwen3-MoE over two expert-parallel ranks with EPLB, and the tiny Llama with batch-sharded
-sampling over two tensor-parallel ranks (the logits processor's `skip_gather`).
+Engines run once per session (see conftest): Qwen3-MoE, GLM-4-MoE and a DeepSeek-V2 MoE on both platforms, a model
+with its own `RoutedExperts` subclass, Qwen3-MoE over two expert-parallel ranks with EPLB, and the tiny Llama with
+batch-sharded sampling over two tensor-parallel ranks (the logits processor's `skip_gather`).
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from ascend_testkit.models.moe import expert_scale
 pytestmark = pytest.mark.engine
 
 OUR_OPS = ("kernels.moe_gating_topk", "kernels.fused_moe", "moe.forward")
+_PLAIN_MRO = ["AscendRoutedExperts", "AscendRoutedExpertsMixin", "RoutedExperts"]
 
 
 def _tokens(outputs):
@@ -26,7 +27,7 @@ def test_qwen3_moe_matches_vllm_cpu(moe_runs, logprobs_close):
     logprobs_close(ours["outputs"], cpu["outputs"])
     usage = ours["usage"][0]
     counts, facts = usage["counts"], usage["facts"]
-    assert counts["moe.layers"] == 2 and facts["moe.layer_class"].startswith("AscendRoutedExperts <- ")
+    assert [layer["mro"][:3] for layer in ours["routed_experts"][0]] == [_PLAIN_MRO] * 2
     for op in OUR_OPS:
         assert counts.get(op, 0) > 0, (op, counts)
     # Every MoE forward of both layers routed through our gating kernel and ran our experts kernel.
@@ -36,14 +37,28 @@ def test_qwen3_moe_matches_vllm_cpu(moe_runs, logprobs_close):
 
 def test_glm_moe_deepseek_routing_and_shared_expert_match_vllm_cpu(moe_runs, logprobs_close):
     """Sigmoid scores, a correction bias steering selection, grouped top-k (4 groups, 2 kept), a scaling factor and a
-    shared expert, as DeepSeek-V3 routes, on Model Runner V2."""
+    shared expert, as DeepSeek-V3 routes, on the V1 runner."""
     ours, cpu = moe_runs["glm"], moe_runs["cpu_glm"]
     logprobs_close(ours["outputs"], cpu["outputs"])
     counts = ours["usage"][0]["counts"]
-    assert counts["moe.layers"] == 2 and counts["kernels.moe_gating_topk"] == counts["moe.forward"] > 0
+    assert [layer["mro"][:3] for layer in ours["routed_experts"][0]] == [_PLAIN_MRO] * 2  # layers 1-2; 0 is dense
+    assert counts["kernels.moe_gating_topk"] == counts["kernels.fused_moe"] == counts["moe.forward"] > 0
     # One SiluAndMul per step in the dense first layer and one per MoE layer's shared expert, all ours.
     assert counts["kernels.silu_and_mul"] * 2 == counts["moe.forward"] * 3
-    assert ours["usage"][0]["facts"]["runner"] == "v2"
+    assert ours["usage"][0]["facts"]["runner"] == "v1"
+
+
+def test_deepseek_moe_with_mla_grouped_topk_and_shared_expert_matches_vllm_cpu(moe_runs, logprobs_close):
+    """DeepSeek-V2: multi-head latent attention (the Ascend MLA backend), grouped softmax top-k (4 groups, 2 kept),
+    routed_scaling_factor and a shared expert, with a dense first layer, on Model Runner V2."""
+    ours, cpu = moe_runs["deepseek"], moe_runs["cpu_deepseek"]
+    logprobs_close(ours["outputs"], cpu["outputs"])
+    usage = ours["usage"][0]
+    counts = usage["counts"]
+    assert usage["facts"]["attention_backend"] == "ASCEND_MLA" and usage["facts"]["kernel_checks"] is True
+    assert [layer["mro"][:3] for layer in ours["routed_experts"][0]] == [_PLAIN_MRO] * 2
+    assert counts["kernels.moe_gating_topk"] == counts["kernels.fused_moe"] == counts["moe.forward"] > 0
+    assert counts["kernels.silu_and_mul"] * 2 == counts["moe.forward"] * 3
 
 
 def test_model_defined_routed_experts_subclass_keeps_its_loader_and_uses_our_routing(moe_runs, logprobs_close):
@@ -59,7 +74,6 @@ def test_model_defined_routed_experts_subclass_keeps_its_loader_and_uses_our_rou
         assert layer["w2_scale"] == [expert_scale(e) for e in range(8)]
         assert layer["w2_norms"] == pytest.approx(plain_layer["w2_norms"], rel=1e-6)  # = (ckpt / scale) * scale
     counts = scaled["usage"][0]["counts"]
-    assert counts["moe.composed_subclasses"] == 2
     assert counts["kernels.moe_gating_topk"] == counts["kernels.fused_moe"] == counts["moe.forward"] > 0
 
 
@@ -73,9 +87,9 @@ def test_expert_parallel_with_eplb_matches_tp1_and_survives_rebalances(moe_runs,
     assert [r["reason"] for r in rebalances] == ["interval"], rebalances
     # B ran across the rebalance (weights moved, map swapped between steps), C wholly after it: same tokens.
     assert _tokens(run["B"]) == _tokens(run["A"]) == _tokens(run["C"])
-    for rank_usage in run["usage"]:
+    for rank_usage, state in zip(run["usage"], run["state_C"], strict=True):
         counts = rank_usage["counts"]
-        assert counts["eplb.layers"] == 2 and counts["eplb.rebalances"] >= 1
+        assert state["layers"] == 2 and counts["eplb.rebalances"] >= 1
         assert counts["eplb.experts_received"] > 0 and counts["logits.gathered"] > 0
     assert run["state_A"][0]["steps"] == run["state_A"][1]["steps"]  # both ranks counted the same steps
 

@@ -53,15 +53,3 @@ def routed_experts(worker: Any) -> list[dict[str, Any]]:
                         "w2_scale": None if scale is None else scale.detach().float().tolist()})
     return out
 
-
-def host_setup() -> None:
-    """An engine host's `--setup` for the MoE suite: register the scaled-experts test model, and resolve vLLM's
-    platform before any engine's runner choice reaches the environment (the simulated lane enables Triton's
-    interpreter, hence Model Runner V2, only when it is resolved without VLLM_USE_V2_MODEL_RUNNER=0), so one host
-    runs V1 and V2 engines in any order."""
-    from vllm.platforms import current_platform
-
-    from ascend_testkit.models.scaled_experts import register
-
-    register()
-    current_platform.get_device_name()
