@@ -2,9 +2,10 @@
 
 `moe_runs` runs each engine once per session and keeps what it saw: outputs with top-5 logprobs, our usage markers
 (counted over the engine's generation only: a single-rank worker lives in its host process, which keeps counting
-across engines), probe results. Our single-rank engines run on "sim-moe" (Model Runner V2, the lane's default; it
-registers the scaled-experts test model at start), GLM-4-MoE on the shared V1 host, two-rank engines (tensor /
-expert parallel, gloo) on "sim-2ranks" (MRV2), its two workers pinned to one core each.
+across engines), probe results. Our single-rank engines run on the shared hosts: Qwen3-MoE, the scaled-experts model
+(registered in that host process by a probe of the Qwen3-MoE engine) and GLM-4-MoE on the V1 host, DeepSeek on the
+MRV2 one; two-rank engines (tensor / expert parallel, gloo) on "sim-2ranks" (MRV2, the simulated lane's default
+runner), its two workers pinned to one core each.
 Models: a tiny Qwen3-MoE whose routing is skewed towards the experts of one expert-parallel rank, the same weights
 for the scaled-experts model, a tiny GLM-4-MoE (DeepSeek-V3 routing with a shared expert, standard attention), a
 tiny DeepSeek-V2 MoE (MLA, grouped top-k, a shared expert); the tiny Llama for batch-sharded sampling.
@@ -74,20 +75,15 @@ def _delta(after: list[dict], before: list[dict]) -> list[dict]:
 class MoeRuns:
     """Each engine of the suite, run on first use and remembered for the session."""
 
-    def __init__(self, pool, cpu_host, sim_v1_host, models, prompts, llama) -> None:
-        self.pool, self.cpu, self.sim_v1, self.models, self.prompts, self.llama = (
-            pool, cpu_host, sim_v1_host, models, prompts, llama)
+    def __init__(self, pool, cpu_host, sim_v1_host, sim_host, models, prompts, llama) -> None:
+        self.pool, self.cpu, self.sim, self.mrv2, self.models, self.prompts, self.llama = (
+            pool, cpu_host, sim_v1_host, sim_host, models, prompts, llama)
         self.results: dict[str, dict] = {}
 
     def __getitem__(self, name: str) -> dict:
         if name not in self.results:
             self.results[name] = getattr(self, f"_run_{name}")()
         return self.results[name]
-
-    @property
-    def sim(self):
-        return self.pool.get("sim-moe", lane="simulated", runner="v2",
-                             setup=("ascend_testkit.models.scaled_experts:register",))
 
     @property
     def sim2(self):
@@ -111,23 +107,24 @@ class MoeRuns:
         return self._run(self.cpu, self.models["qwen3"])
 
     def _run_qwen3(self) -> dict:
-        return self._run(self.sim, self.models["qwen3"], probes=("routed_experts",),
+        return self._run(self.sim, self.models["qwen3"], probes=("routed_experts", "register_scaled_experts"),
                          additional_config={"kernel_checks": True})
 
     def _run_scaled(self) -> dict:
+        self["qwen3"]  # its engine registered the scaled-experts model in the host process
         return self._run(self.sim, self.models["scaled"], probes=("routed_experts",))
 
     def _run_cpu_glm(self) -> dict:
         return self._run(self.cpu, self.models["glm"])
 
     def _run_glm(self) -> dict:
-        return self._run(self.sim_v1, self.models["glm"], probes=("routed_experts",))
+        return self._run(self.sim, self.models["glm"], probes=("routed_experts",))
 
     def _run_cpu_deepseek(self) -> dict:
         return self._run(self.cpu, self.models["deepseek"], **MLA_REFERENCE)
 
     def _run_deepseek(self) -> dict:
-        return self._run(self.sim, self.models["deepseek"], probes=("routed_experts",), **MLA_OURS,
+        return self._run(self.mrv2, self.models["deepseek"], probes=("routed_experts",), **MLA_OURS,
                          additional_config={"kernel_checks": True})
 
     def _run_expert_parallel(self) -> dict:
@@ -160,8 +157,8 @@ class MoeRuns:
 
 
 @pytest.fixture(scope="session")
-def moe_runs(host_pool, cpu_host, sim_v1_host, moe_models, moe_prompts, tiny_model) -> MoeRuns:
-    return MoeRuns(host_pool, cpu_host, sim_v1_host, moe_models, moe_prompts, str(tiny_model))
+def moe_runs(host_pool, cpu_host, sim_v1_host, sim_host, moe_models, moe_prompts, tiny_model) -> MoeRuns:
+    return MoeRuns(host_pool, cpu_host, sim_v1_host, sim_host, moe_models, moe_prompts, str(tiny_model))
 
 
 @pytest.fixture(scope="session")

@@ -27,6 +27,7 @@ def test_qwen3_moe_matches_vllm_cpu(moe_runs, logprobs_close):
     logprobs_close(ours["outputs"], cpu["outputs"])
     usage = ours["usage"][0]
     counts, facts = usage["counts"], usage["facts"]
+    assert facts["runner"] == "v1"
     assert [layer["mro"][:3] for layer in ours["routed_experts"][0]] == [_PLAIN_MRO] * 2
     for op in OUR_OPS:
         assert counts.get(op, 0) > 0, (op, counts)
@@ -56,6 +57,7 @@ def test_deepseek_moe_with_mla_grouped_topk_and_shared_expert_matches_vllm_cpu(m
     usage = ours["usage"][0]
     counts = usage["counts"]
     assert usage["facts"]["attention_backend"] == "ASCEND_MLA" and usage["facts"]["kernel_checks"] is True
+    assert usage["facts"]["runner"] == "v2"
     assert [layer["mro"][:3] for layer in ours["routed_experts"][0]] == [_PLAIN_MRO] * 2
     assert counts["kernels.moe_gating_topk"] == counts["kernels.fused_moe"] == counts["moe.forward"] > 0
     assert counts["kernels.silu_and_mul"] * 2 == counts["moe.forward"] * 3

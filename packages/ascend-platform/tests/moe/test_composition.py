@@ -39,3 +39,14 @@ def test_a_subclass_with_its_own_forward_is_refused_by_name():
         ascend_composition(OwnForwardExperts)
     with pytest.raises(TypeError, match="not a vLLM RoutedExperts"):
         ascend_composition(dict)
+
+
+class _QuantConfig:
+    def get_name(self) -> str:
+        return "fp8"
+
+
+def test_a_quantized_plain_layer_is_refused_naming_the_layer_and_method():
+    with pytest.raises(NotImplementedError, match="model.layers.0.mlp.experts: .* unquantized .* 'fp8'"):
+        AscendRoutedExperts._get_quant_method(object.__new__(AscendRoutedExperts), "model.layers.0.mlp.experts",
+                                              _QuantConfig(), None)

@@ -53,3 +53,11 @@ def routed_experts(worker: Any) -> list[dict[str, Any]]:
                         "w2_scale": None if scale is None else scale.detach().float().tolist()})
     return out
 
+
+
+def register_scaled_experts(worker: Any) -> None:
+    """Register the scaled-experts test model in this process. A single-rank engine's worker is its host process,
+    so engines started later in the same host can load it (`ascend_testkit.models.scaled_experts`)."""
+    from ascend_testkit.models.scaled_experts import register
+
+    register()

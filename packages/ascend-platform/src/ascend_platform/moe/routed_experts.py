@@ -41,6 +41,13 @@ class AscendRoutedExpertsMixin:
     ascend_load: torch.Tensor | None = None
     _ascend_eplb: EplbController | None = None
 
+    def _get_quant_method(self, prefix: str, quant_config: Any, moe_config: Any) -> Any:
+        # Runs in RoutedExperts.__init__ of the plain layer (a model's subclass is composed later, by the method).
+        if quant_config is not None:
+            raise NotImplementedError(f"{prefix}: the Ascend routed experts run unquantized experts only, not "
+                                      f"{quant_config.get_name()!r}")
+        return super()._get_quant_method(prefix, quant_config, moe_config)
+
     def ascend_setup(self) -> None:
         """Check what we can run and read the EPLB options; called once, when the layer's weights are created."""
         check_routing(self)
