@@ -70,6 +70,9 @@ class AscendRoutedExpertsMixin:
         if not parallel.use_ep or parallel.ep_size < 2:
             raise ValueError(f"{self.layer_name}: 'eplb' needs expert parallelism over at least two ranks "
                              f"(enable_expert_parallel with tensor_parallel_size >= 2); got ep_size={parallel.ep_size}")
+        if self.expert_placement_strategy != "linear":
+            raise ValueError(f"{self.layer_name}: 'eplb' starts from vLLM's linear expert placement, not "
+                             f"expert_placement_strategy={self.expert_placement_strategy!r}")
         placement = ExpertPlacement.initial(num_logical=self.global_num_experts,
                                             num_redundant=self._ascend_eplb.num_redundant,
                                             ep_size=parallel.ep_size, ep_rank=parallel.ep_rank)
