@@ -51,9 +51,6 @@ class ExpertPlacement:
             phys2log += own + [own[i % per_rank] for i in range(num_redundant // ep_size)]
         return cls(phys2log, num_logical=num_logical, ep_size=ep_size, ep_rank=ep_rank)
 
-    def rank_of(self, physical: int) -> int:
-        return physical // self.slots_per_rank
-
     def local_slice(self, rank: int | None = None) -> list[int]:
         """Logical expert held by each local weight row of `rank` (default: this rank)."""
         r = self.ep_rank if rank is None else rank

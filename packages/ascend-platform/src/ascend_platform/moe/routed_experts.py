@@ -76,8 +76,7 @@ class AscendRoutedExpertsMixin:
         placement = ExpertPlacement.initial(num_logical=self.global_num_experts,
                                             num_redundant=self._ascend_eplb.num_redundant,
                                             ep_size=parallel.ep_size, ep_rank=parallel.ep_rank)
-        first = placement.ep_rank * placement.slots_per_rank
-        own = placement.phys2log[first:first + placement.slots_per_rank]
+        own = placement.local_slice()
         loaded_first = placement.ep_rank * (self.global_num_experts // parallel.ep_size)
         rows = torch.tensor([e - loaded_first for e in own], device=self.w13_weight.device)
         for name in self._ascend_expert_param_names():
