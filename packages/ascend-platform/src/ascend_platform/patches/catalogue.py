@@ -95,3 +95,27 @@ MRV2_BLOCK_TABLES = REGISTRY.register(Patch(
              "the model_runner module's global and uses gather_block_tables / compute_slot_mappings / "
              "apply_staged_writes on it.",
 ))
+MRV2_CUDAGRAPH_MANAGER = REGISTRY.register(Patch(
+    name="mrv2.cudagraph_manager",
+    target="vllm.v1.worker.gpu.model_runner:ModelCudaGraphManager",
+    kind="class",
+    reason="MRV2 builds vLLM's ModelCudaGraphManager inside initialize_kv_cache with no hook; its candidate tables and "
+           "CUDA graph API are not Ascend's. Scoped to the Ascend MRV2 runner's initialize_kv_cache, where "
+           "AscendGraphManager (a subclass that captures and dispatches by GraphCapturePlan through ACL graphs, or "
+           "eagerly in the simulated lane) is built instead.",
+    contract="GPUModelRunner.initialize_kv_cache constructs ModelCudaGraphManager(vllm_config, device, cudagraph_mode, "
+             "decode_query_len=..., lora_capture_cases=..., varlen_decode=..., ubatch_runner=...) from the "
+             "model_runner module's global and calls dispatch / capture / run_fullgraph / run_pw_graph on it.",
+))
+MRV2_PIECEWISE_WITHOUT_COMPILE = REGISTRY.register(Patch(
+    name="mrv2.piecewise_without_compile",
+    target="vllm.v1.worker.gpu.model_runner:has_compiled_submodule",
+    reason="MRV2 downgrades PIECEWISE graph modes when no submodule is torch.compile'd. The simulated lane compiles "
+           "nothing, yet AscendGraphManager wraps the whole model in the platform's static-graph wrapper for "
+           "PIECEWISE steps (it records what a device would capture and replay). Scoped to the simulated MRV2 "
+           "runner's initialize_kv_cache, and applied only when the configured mode has PIECEWISE graphs.",
+    contract="GPUModelRunner.initialize_kv_cache computes piecewise_capture_available = VLLM_USE_BREAKABLE_CUDAGRAPH "
+             "or has_compiled_submodule(self.model), calling the model_runner module's global, and passes it to "
+             "CompilationConfig.resolve_cudagraph_mode_and_sizes.",
+    params=("model",),
+))
