@@ -152,7 +152,12 @@ class AscendPlatformBase(Platform):
             # No torch.compile in the simulated lane: its graphs wrap the whole model (see graph.manager).
             compilation.mode = CompilationMode.NONE
         if cls.simulated and mode != CUDAGraphMode.NONE:
+            import vllm.envs as envs
+
             logger.info("graph_mode=%s in the simulated lane: graphs are recorded, and run eagerly", ascend.graph_mode)
+            if mode.has_piecewise_cudagraphs() and not envs.VLLM_USE_BREAKABLE_CUDAGRAPH:
+                logger.warning("PIECEWISE graphs without torch.compile need VLLM_USE_BREAKABLE_CUDAGRAPH=1; vLLM "
+                               "keeps only the FULL part of %s", mode.name)
 
     @classmethod
     def _check_context_parallel(cls, vllm_config: VllmConfig) -> None:

@@ -85,6 +85,12 @@ class AscendAttentionMetadataBuilder(AttentionMetadataBuilder[AscendAttentionMet
         super().__init__(kv_cache_spec, layer_names, vllm_config, device)
         self._pcp_manager: Any = None
 
+    @classmethod
+    def get_cudagraph_support(cls, vllm_config: Any, kv_cache_spec: Any) -> Any:
+        from ascend_platform.graph.policy import attention_graph_support
+
+        return attention_graph_support()
+
     def bind_pcp_manager(self, manager: Any) -> None:
         """The MRV2 runner's PCP manager, whose per-step `attention_layout` the metadata carries."""
         self._pcp_manager = manager

@@ -7,11 +7,16 @@ device unless enforce_eager, and eager in the simulated lane (no device graphs t
 explicitly to have the simulated lane record what it would capture and replay). Capture sizes are
 `graph_capture_sizes` or vLLM's default ladder up to max_num_seqs, capped at what one graph can hold: max_num_seqs
 decode tokens for FULL_DECODE_ONLY, max_num_batched_tokens when mixed batches are captured too.
+
+PIECEWISE graphs without torch.compile (the simulated lane compiles nothing) are what vLLM calls breakable CUDA
+graphs: vLLM keeps a PIECEWISE mode only with `VLLM_USE_BREAKABLE_CUDAGRAPH=1` there (else it falls back to the
+mode's FULL part), and the whole model is then one piece in the platform's wrapper, attention run eagerly.
 """
 
 from __future__ import annotations
 
 from vllm.config import CUDAGraphMode
+from vllm.v1.attention.backend import AttentionCGSupport
 
 from ascend_platform.graph.plan import default_capture_sizes
 
@@ -45,3 +50,17 @@ def capture_sizes_for(mode: CUDAGraphMode, sizes: tuple[int, ...] | None, *, max
 
 def static_graph_wrapper(simulated: bool) -> str:
     return SIMULATED_WRAPPER if simulated else DEVICE_WRAPPER
+
+
+def attention_graph_support() -> AttentionCGSupport:
+    """Which batches the ASCEND attention backend can run inside a FULL graph.
+
+    In the simulated lane a FULL "graph" replays by re-running the captured forward, and the reference kernels read
+    every length from the persistent tensors at each run: uniform decode batches are fine (FULL graphs are only
+    planned for those). On a device the kernels take lengths on the host at launch, so a replay would reuse stale
+    lengths: NEVER, until graph-parameter updates are built (vLLM then keeps PIECEWISE graphs or none).
+    """
+    from vllm.platforms import current_platform
+
+    simulated = bool(getattr(current_platform, "simulated", False))
+    return AttentionCGSupport.UNIFORM_BATCH if simulated else AttentionCGSupport.NEVER

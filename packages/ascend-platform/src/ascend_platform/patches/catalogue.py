@@ -107,15 +107,3 @@ MRV2_CUDAGRAPH_MANAGER = REGISTRY.register(Patch(
              "decode_query_len=..., lora_capture_cases=..., varlen_decode=..., ubatch_runner=...) from the "
              "model_runner module's global and calls dispatch / capture / run_fullgraph / run_pw_graph on it.",
 ))
-MRV2_PIECEWISE_WITHOUT_COMPILE = REGISTRY.register(Patch(
-    name="mrv2.piecewise_without_compile",
-    target="vllm.v1.worker.gpu.model_runner:has_compiled_submodule",
-    reason="MRV2 downgrades PIECEWISE graph modes when no submodule is torch.compile'd. The simulated lane compiles "
-           "nothing, yet AscendGraphManager wraps the whole model in the platform's static-graph wrapper for "
-           "PIECEWISE steps (it records what a device would capture and replay). Scoped to the simulated MRV2 "
-           "runner's initialize_kv_cache, and applied only when the configured mode has PIECEWISE graphs.",
-    contract="GPUModelRunner.initialize_kv_cache computes piecewise_capture_available = VLLM_USE_BREAKABLE_CUDAGRAPH "
-             "or has_compiled_submodule(self.model), calling the model_runner module's global, and passes it to "
-             "CompilationConfig.resolve_cudagraph_mode_and_sizes.",
-    params=("model",),
-))

@@ -108,9 +108,6 @@ class SimulatedModelRunnerV2(AscendRunnerV2Mixin, CPUModelRunnerV2):
                 from ascend_platform.simulated.mrv2_kernels.block_tables import SimulatedBlockTables
 
                 scope.enter_context(REGISTRY.applied("mrv2.block_tables", SimulatedBlockTables))
-            mode = self.compilation_config.cudagraph_mode
-            if mode is not None and mode.has_piecewise_cudagraphs():
-                scope.enter_context(REGISTRY.applied("mrv2.piecewise_without_compile", lambda model: True))
             super().initialize_kv_cache(kv_cache_config, is_profiling=is_profiling,
                                         kv_cache_allocation_context=kv_cache_allocation_context)
         if not is_profiling:
