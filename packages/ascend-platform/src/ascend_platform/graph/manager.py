@@ -31,6 +31,7 @@ from vllm.v1.worker.gpu.cudagraph_utils import (
 from ascend_platform.graph import trace
 from ascend_platform.graph.backends import GraphBackend, default_backend
 from ascend_platform.graph.plan import GraphCapturePlan
+from ascend_platform.registration import simulate_requested
 
 logger = init_logger(__name__)
 
@@ -101,9 +102,7 @@ class AscendGraphManager(ModelCudaGraphManager, _PlannedCapture):
 
     def _graph_backend(self) -> GraphBackend:
         if self.backend is None:
-            from vllm.platforms import current_platform
-
-            self.backend = default_backend(simulated=bool(getattr(current_platform, "simulated", False)))
+            self.backend = default_backend(simulated=simulate_requested())
         return self.backend
 
     def capture_graphs(self, create_forward_fn: Callable[..., Callable[[CUDAGraphMode], None]]) -> None:

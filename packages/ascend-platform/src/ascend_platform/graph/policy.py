@@ -19,6 +19,7 @@ from vllm.config import CUDAGraphMode
 from vllm.v1.attention.backend import AttentionCGSupport
 
 from ascend_platform.graph.plan import default_capture_sizes
+from ascend_platform.registration import simulate_requested
 
 MODES = {
     "piecewise": CUDAGraphMode.PIECEWISE,
@@ -60,7 +61,4 @@ def attention_graph_support() -> AttentionCGSupport:
     planned for those). On a device the kernels take lengths on the host at launch, so a replay would reuse stale
     lengths: NEVER, until graph-parameter updates are built (vLLM then keeps PIECEWISE graphs or none).
     """
-    from vllm.platforms import current_platform
-
-    simulated = bool(getattr(current_platform, "simulated", False))
-    return AttentionCGSupport.UNIFORM_BATCH if simulated else AttentionCGSupport.NEVER
+    return AttentionCGSupport.UNIFORM_BATCH if simulate_requested() else AttentionCGSupport.NEVER
