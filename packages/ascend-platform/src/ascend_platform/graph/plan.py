@@ -13,7 +13,7 @@ The plan is data computed from the configuration (capture sizes and `CUDAGraphMo
 Under PCP the token count to plan for is the largest rank-local count (`AscendPCPManager.num_tokens_for_dispatch`),
 and the manager still keeps every real token if a descriptor turns out too small. The descriptors are vLLM's own
 `BatchExecutionDescriptor`, so the MRV2 runner and the PCP manager consume them unchanged. The same plan drives
-ACL graphs on an NPU and eager execution in the simulated lane (`ascend_platform.graph.executor`).
+ACL graphs on an NPU and eager, recorded "graphs" in the simulated lane (`ascend_platform.graph.manager`).
 """
 
 from __future__ import annotations
