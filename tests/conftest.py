@@ -69,16 +69,17 @@ def host_pool(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def sim_host(host_pool):
-    """The simulated-NPU lane with Model Runner V2, vLLM's default runner there (engines one after another).
+    """The simulated-NPU lane as a user starts it (VLLM_USE_V2_MODEL_RUNNER unset): vLLM picks Model Runner V2 there,
+    its default where Triton works (engines one after another).
 
-    Skipped where the installed vLLM lacks what Ascend's MRV2 needs (the probe says what; start-up refuses MRV2
-    there, which tests/platform/test_release_lane.py checks)."""
+    Skipped where the installed vLLM lacks what Ascend's MRV2 needs (the probe says what; the lane then serves with
+    V1 and refuses an explicit MRV2 request, which tests/platform/test_release_lane.py checks)."""
     from ascend_core.upstream import mrv2_unavailable_reason
 
     refused = mrv2_unavailable_reason()
     if refused is not None:
         pytest.skip(f"Model Runner V2 is refused on this vLLM (probe mrv2_kv_hooks): {refused}")
-    return host_pool.get("sim", lane="simulated", runner="v2")
+    return host_pool.get("sim", lane="simulated", runner=None)
 
 
 @pytest.fixture(scope="session")

@@ -64,6 +64,13 @@ NPU_BINDINGS: dict[str, NpuBinding] = {
     "silu_and_mul": NpuBinding(target="torch_npu.npu_swiglu", kind="torch_npu"),
     "topk_softmax": NpuBinding(target="torch_npu.npu_moe_gating_top_k_softmax", kind="torch_npu"),
     "fused_moe_reference": NpuBinding(target="ascend_kernels.reference.moe on the NPU device", kind="torch"),
+    "moe_gating_topk": NpuBinding(
+        target="torch_npu.npu_moe_gating_top_k", kind="torch_npu",
+        note="norm_type 0/1 = softmax/sigmoid, group_select_mode 1 (top-2 sum) with a bias, 0 (max) without; "
+        "renormalisation and routed_scaling_factor applied after the kernel"),
+    "fused_moe": NpuBinding(
+        target="torch_npu.npu_moe_init_routing_v2 + npu_grouped_matmul + npu_swiglu + npu_moe_token_unpermute",
+        kind="torch_npu", note="ids outside [0, num_experts) dropped by active_expert_range; count-mode group list"),
     "sample_greedy": NpuBinding(target="torch.argmax on the NPU device", kind="torch"),
     "sample": NpuBinding(
         target="torch_npu.npu_top_k_top_p + reference sampling",
@@ -76,6 +83,23 @@ NPU_BINDINGS: dict[str, NpuBinding] = {
     "gumbel_sample": NpuBinding(target="ascend_kernels.reference.gumbel on the NPU device", kind="torch"),
     "gather_logprobs": NpuBinding(target="ascend_kernels.reference.logprobs on the NPU device", kind="torch"),
     "token_ranks": NpuBinding(target="ascend_kernels.reference.logprobs on the NPU device", kind="torch"),
+    "attention_with_lse": NpuBinding(
+        target="torch_npu.npu_fused_infer_attention_score",
+        kind="torch_npu",
+        note="TND q/k/v, cumulative q/kv lengths, softmax_lse_flag; sparse_mode 3 (bottom-right causal) with the "
+        "2048x2048 mask when causal",
+    ),
+    "paged_attention_with_lse": NpuBinding(
+        target="torch_npu.npu_fused_infer_attention_score",
+        kind="torch_npu",
+        note="TND query over the paged cache [blocks, block_size, heads*dim] with block_table, softmax_lse_flag",
+    ),
+    "merge_attention_states": NpuBinding(
+        target="torch_npu.npu_attention_update", kind="torch_npu",
+        note="float32 [tokens*heads, dim] outputs and [tokens*heads] lses, update_type 0; the merged lse by "
+        "logsumexp",
+    ),
+    "gather_kv_rows": NpuBinding(target="torch.index_select on the NPU device", kind="torch"),
 }
 
 _FIA_MASK_SIZE = 2048  # the compressed causal mask sparse_mode 3 expects
@@ -263,6 +287,49 @@ def topk_softmax(gating_logits, topk, renormalize):
     return weights, ids.to(torch.int32)
 
 
+def moe_gating_topk(router_logits, topk, *, scoring_func="softmax", renormalize=True, num_expert_group=None,
+                    topk_group=None, e_score_correction_bias=None, routed_scaling_factor=1.0):
+    grouped = num_expert_group is not None and num_expert_group > 1
+    weights, ids, _ = _torch_npu().npu_moe_gating_top_k(
+        router_logits,
+        k=topk,
+        bias=e_score_correction_bias,
+        k_group=topk_group if grouped else 1,
+        group_count=num_expert_group if grouped else 1,
+        group_select_mode=1 if e_score_correction_bias is not None else 0,
+        renorm=0,
+        norm_type=0 if scoring_func == "softmax" else 1,
+        routed_scaling_factor=1.0,
+        eps=1e-20,
+    )
+    weights = weights.float()
+    if renormalize:
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+    if routed_scaling_factor != 1.0:
+        weights = weights * routed_scaling_factor
+    return weights, ids.to(torch.int32)
+
+
+def fused_moe(hidden_states, w13, w2, topk_weights, topk_ids, *, w13_bias=None, w2_bias=None):
+    torch_npu = _torch_npu()
+    t, k = topk_ids.shape
+    num_experts = w13.shape[0]
+    if t == 0:
+        return hidden_states.new_zeros(hidden_states.shape)
+    expanded_x, expanded_row_idx, expert_tokens, _ = torch_npu.npu_moe_init_routing_v2(
+        hidden_states, topk_ids.to(torch.int32), active_num=t * k, expert_num=num_experts,
+        expert_tokens_num_type=1, expert_tokens_num_flag=True, active_expert_range=[0, num_experts])
+    group_list = expert_tokens.to(torch.int64)
+    gate_up = torch_npu.npu_grouped_matmul(
+        x=[expanded_x], weight=[w13.transpose(1, 2)], bias=None if w13_bias is None else [w13_bias.float()],
+        split_item=2, group_list_type=1, group_type=0, group_list=group_list)[0]
+    down = torch_npu.npu_grouped_matmul(
+        x=[torch_npu.npu_swiglu(gate_up)], weight=[w2.transpose(1, 2)],
+        bias=None if w2_bias is None else [w2_bias.float()],
+        split_item=2, group_list_type=1, group_type=0, group_list=group_list)[0]
+    return torch_npu.npu_moe_token_unpermute(down, expanded_row_idx, probs=topk_weights.to(down.dtype))
+
+
 def sample(logits, temperature, top_k=None, top_p=None, generator=None):
     if top_k is None or top_p is None:
         return reference.sample(logits, temperature, top_k, top_p, generator)
@@ -273,6 +340,64 @@ def sample(logits, temperature, top_k=None, top_p=None, generator=None):
     filtered = _torch_npu().npu_top_k_top_p(scaled, top_p.to(scaled.dtype), top_k.to(torch.int32))
     sampled = ref_sampling.exponential_race(torch.softmax(filtered, dim=-1), generator)
     return torch.where(greedy, logits.argmax(dim=-1), sampled)
+
+
+def _seq_lengths(starts: torch.Tensor) -> list[int]:
+    return starts[1:].tolist()
+
+
+def attention_with_lse(q, k, v, query_start_loc, kv_start_loc, *, scale, causal=True, out=None):
+    t, h, _ = q.shape
+    num_q = int(query_start_loc[-1])
+    kwargs = {"atten_mask": _causal_mask(str(q.device)), "sparse_mode": _SPARSE_CAUSAL} if causal else {}
+    result, lse = _torch_npu().npu_fused_infer_attention_score(
+        q[:num_q], k, v, num_heads=h, num_key_value_heads=k.shape[1], input_layout="TND", scale=scale,
+        softmax_lse_flag=True, actual_seq_lengths=_seq_lengths(query_start_loc),
+        actual_seq_lengths_kv=_seq_lengths(kv_start_loc), **kwargs)
+    if out is None:
+        out = q.new_zeros(t, h, v.shape[2])
+    else:
+        out[num_q:].zero_()
+    out[:num_q].copy_(result.view(num_q, h, -1))
+    full_lse = torch.full((t, h), float("-inf"), dtype=torch.float32, device=q.device)
+    full_lse[:num_q] = lse.view(num_q, h).float()
+    return out, full_lse
+
+
+def paged_attention_with_lse(query, key_cache, value_cache, block_table, query_start_loc, seq_lens, *, scale,
+                             causal=True, out=None):
+    if not (_block_contiguous(key_cache) and _block_contiguous(value_cache)):
+        return reference.paged_attention_with_lse(query, key_cache, value_cache, block_table, query_start_loc,
+                                                  seq_lens, scale=scale, causal=causal, out=out)
+    t, h, _ = query.shape
+    _, bs, hkv, _ = key_cache.shape
+    num_q = int(query_start_loc[-1])
+    kwargs = {"atten_mask": _causal_mask(str(query.device)), "sparse_mode": _SPARSE_CAUSAL} if causal else {}
+    result, lse = _torch_npu().npu_fused_infer_attention_score(
+        query[:num_q], _flat_blocks(key_cache), _flat_blocks(value_cache), num_heads=h, num_key_value_heads=hkv,
+        input_layout="TND", scale=scale, softmax_lse_flag=True, block_table=block_table.to(torch.int32),
+        block_size=bs, actual_seq_lengths=_seq_lengths(query_start_loc), actual_seq_lengths_kv=seq_lens.tolist(),
+        **kwargs)
+    if out is None:
+        out = query.new_zeros(t, h, value_cache.shape[3])
+    else:
+        out[num_q:].zero_()
+    out[:num_q].copy_(result.view(num_q, h, -1))
+    full_lse = torch.full((t, h), float("-inf"), dtype=torch.float32, device=query.device)
+    full_lse[:num_q] = lse.view(num_q, h).float()
+    return out, full_lse
+
+
+def merge_attention_states(outputs, lses, *, out=None):
+    t, h, d = outputs[0].shape
+    merged, _ = _torch_npu().npu_attention_update(
+        [lse.float().reshape(t * h) for lse in lses], [o.float().reshape(t * h, d) for o in outputs], 0)
+    total = torch.logsumexp(torch.stack([lse.float() for lse in lses]), dim=0)
+    merged = merged.view(t, h, d)
+    if out is None:
+        return merged.to(outputs[0].dtype), total
+    out.copy_(merged)
+    return out, total
 
 
 def npu_ops() -> dict[str, Callable]:
@@ -289,6 +414,8 @@ def npu_ops() -> dict[str, Callable]:
         "silu_and_mul": silu_and_mul,
         "topk_softmax": topk_softmax,
         "fused_moe_reference": reference.fused_moe_reference,
+        "moe_gating_topk": moe_gating_topk,
+        "fused_moe": fused_moe,
         "sample_greedy": reference.sample_greedy,
         "sample": sample,
         "rejection_sample": reference.rejection_sample,
@@ -296,6 +423,10 @@ def npu_ops() -> dict[str, Callable]:
         "gumbel_sample": reference.gumbel_sample,
         "gather_logprobs": reference.gather_logprobs,
         "token_ranks": reference.token_ranks,
+        "attention_with_lse": attention_with_lse,
+        "paged_attention_with_lse": paged_attention_with_lse,
+        "merge_attention_states": merge_attention_states,
+        "gather_kv_rows": reference.gather_kv_rows,
     }
     assert table.keys() == NPU_BINDINGS.keys()
     return table

@@ -15,6 +15,7 @@ from __future__ import annotations
 import torch
 
 from ascend_kernels import validation as _v
+from ascend_kernels import validation_cp as _vcp
 from ascend_kernels import validation_mla as _vm
 from ascend_kernels.registry import OP_NAMES, current_impl
 
@@ -185,6 +186,48 @@ def topk_softmax(gating_logits, topk: int, renormalize: bool):
     return current_impl().topk_softmax(gating_logits, topk, renormalize)
 
 
+def moe_gating_topk(router_logits, topk: int, *, scoring_func: str = "softmax", renormalize: bool = True,
+                    num_expert_group: int | None = None, topk_group: int | None = None,
+                    e_score_correction_bias=None, routed_scaling_factor: float = 1.0):
+    """MoE routing of the Qwen3 / DeepSeek families: scores, optional biased and grouped selection, top-k.
+
+    router_logits `[num_tokens, num_experts]` -> (weights float32 `[num_tokens, topk]`, expert ids int32
+    `[num_tokens, topk]`), ordered by descending selection score. In float32:
+    1. scores = softmax(logits) over experts (`scoring_func="softmax"`) or sigmoid(logits) (`"sigmoid"`).
+    2. Selection scores = scores + e_score_correction_bias (float `[num_experts]`, DeepSeek-V3's noaux_tc) when
+       given, else the scores.
+    3. Grouped (num_expert_group > 1; num_experts divisible by it): a group's score is the sum of its two best
+       selection scores with a bias, its best one without; only the topk_group best groups stay selectable.
+    4. ids = the topk best selection scores; weights = the *unbiased* scores at those ids.
+    5. With `renormalize` the k weights are divided by their sum; then multiplied by routed_scaling_factor.
+    """
+    if _SWITCH.enabled:
+        _v.check_moe_gating_topk(router_logits, topk, scoring_func, renormalize, num_expert_group, topk_group,
+                                 e_score_correction_bias, routed_scaling_factor)
+    return current_impl().moe_gating_topk(
+        router_logits, topk, scoring_func=scoring_func, renormalize=renormalize, num_expert_group=num_expert_group,
+        topk_group=topk_group, e_score_correction_bias=e_score_correction_bias,
+        routed_scaling_factor=routed_scaling_factor)
+
+
+def fused_moe(hidden_states, w13, w2, topk_weights, topk_ids, *, w13_bias=None, w2_bias=None) -> torch.Tensor:
+    """Routed experts (SiLU-gated MLPs) over a token batch; a (token, slot) pair with a negative id is skipped.
+
+    hidden_states `[num_tokens, hidden]`; w13 `[num_experts, 2 * intermediate, hidden]` (gate rows then up rows);
+    w2 `[num_experts, hidden, intermediate]`; optional w13_bias `[num_experts, 2 * intermediate]`, w2_bias
+    `[num_experts, hidden]`; topk_weights float `[num_tokens, k]`; topk_ids int `[num_tokens, k]`, each in
+    [-1, num_experts): the caller maps routed experts to its own weight rows and marks experts held elsewhere
+    (expert parallelism) with -1.
+    out[t] = sum over i with e = topk_ids[t, i] >= 0 of topk_weights[t, i] * (w2[e] @ silu_and_mul(w13[e] @ x[t] +
+    b13[e]) + b2[e]); float32 accumulation, result in hidden_states' dtype (a token with no pair is all zeros).
+    """
+    if _SWITCH.enabled:
+        _v.check_fused_moe(hidden_states, w13, w2, topk_weights, topk_ids, op="fused_moe", w13_bias=w13_bias,
+                           w2_bias=w2_bias)
+    return current_impl().fused_moe(hidden_states, w13, w2, topk_weights, topk_ids, w13_bias=w13_bias,
+                                    w2_bias=w2_bias)
+
+
 def fused_moe_reference(hidden_states, w13, w2, topk_weights, topk_ids) -> torch.Tensor:
     """Mixture of experts with SiLU-gated experts, tokens grouped by expert.
 
@@ -326,3 +369,65 @@ def token_ranks(logits, token_ids) -> torch.Tensor:
     if _SWITCH.enabled:
         _v.check_token_ranks(logits, token_ids)
     return current_impl().token_ranks(logits, token_ids)
+
+
+# ------------------------------------------------------------------------- context parallelism (PCP)
+
+
+def attention_with_lse(q, k, v, query_start_loc, kv_start_loc, *, scale: float, causal: bool = True, out=None):
+    """Attention over contiguous K/V rows that also returns each query row's log-sum-exp (one part of a merge).
+
+    q `[num_tokens, num_heads, head_size]`; k `[num_kv, num_kv_heads, head_size]`, v `[num_kv, num_kv_heads,
+    head_size_v]` (GQA: query head h reads KV head `h // (num_heads // num_kv_heads)`). Row r owns queries
+    `query_start_loc[r] : [r+1]` (m of them) and keys `kv_start_loc[r] : [r+1]` (n), both int `[num_rows + 1]`.
+    With `causal` the queries are the last m of the n positions (a chunk continuing a context): query i sees keys
+    j <= n - m + i; otherwise it sees all n. Logits `scale * q.k`, softmax in float32 (float64 for float64 inputs).
+    Returns (out `[num_tokens, num_heads, head_size_v]` in q's dtype, written into `out` when given; lse
+    `[num_tokens, num_heads]` float32 (float64 for float64 inputs), natural log, -inf where a row saw no key, whose
+    output is 0; rows past the last query are 0 / -inf).
+    """
+    if _SWITCH.enabled:
+        _vcp.check_attention_with_lse(q, k, v, query_start_loc, kv_start_loc, scale, out)
+    return current_impl().attention_with_lse(q, k, v, query_start_loc, kv_start_loc, scale=scale, causal=causal,
+                                             out=out)
+
+
+def paged_attention_with_lse(query, key_cache, value_cache, block_table, query_start_loc, seq_lens, *,
+                             scale: float, causal: bool = True, out=None):
+    """`paged_attention`'s contract (no window, no sinks) that also returns the log-sum-exp, as `attention_with_lse`.
+
+    Under PCP a chunk's cached context is one part: `seq_lens` = the tokens cached before this step and
+    `causal=False` (every cached key precedes every query of the chunk). A row with seq_len 0 gives output 0 and
+    lse -inf. Returns (out, lse).
+    """
+    if _SWITCH.enabled:
+        _vcp.check_paged_attention_with_lse(query, key_cache, value_cache, block_table, query_start_loc, seq_lens,
+                                            scale, out)
+    return current_impl().paged_attention_with_lse(query, key_cache, value_cache, block_table, query_start_loc,
+                                                   seq_lens, scale=scale, causal=causal, out=out)
+
+
+def merge_attention_states(outputs, lses, *, out=None):
+    """Merge partial attention results by their log-sum-exps: the attention over the union of their keys.
+
+    outputs: S tensors `[num_tokens, num_heads, head_size]` (one dtype); lses: S tensors `[num_tokens, num_heads]`
+    float32/float64 (-inf: that part saw no key for the row). Returns (out = sum_s exp(lse_s - lse) * out_s in the
+    outputs' dtype, written into `out` when given; lse = log sum_s exp(lse_s), float32 or float64 as
+    `attention_with_lse`). A row no part saw a key in comes out 0 with lse -inf.
+    """
+    if _SWITCH.enabled:
+        _vcp.check_merge_attention_states(outputs, lses, out)
+    return current_impl().merge_attention_states(outputs, lses, out=out)
+
+
+def gather_kv_rows(packed_kv, index, *, key_size: int):
+    """Select rows of the K|V all-gathered from every PCP rank and split them into keys and values.
+
+    packed_kv `[num_gathered, num_kv_heads, key_size + value_size]`: each token's key then value along the last
+    dim (one all-gather moves both); index int `[num_rows]`: which gathered rows, in order (e.g. each query chunk's
+    keys in position order). Returns (keys `[num_rows, num_kv_heads, key_size]`, values `[num_rows, num_kv_heads,
+    value_size]`), possibly strided views of one gathered copy.
+    """
+    if _SWITCH.enabled:
+        _vcp.check_gather_kv_rows(packed_kv, index, key_size)
+    return current_impl().gather_kv_rows(packed_kv, index, key_size=key_size)

@@ -26,6 +26,8 @@ OP_NAMES: tuple[str, ...] = (
     "silu_and_mul",
     "topk_softmax",
     "fused_moe_reference",
+    "moe_gating_topk",
+    "fused_moe",
     "sample_greedy",
     "sample",
     "rejection_sample",
@@ -33,6 +35,10 @@ OP_NAMES: tuple[str, ...] = (
     "gumbel_sample",
     "gather_logprobs",
     "token_ranks",
+    "attention_with_lse",
+    "paged_attention_with_lse",
+    "merge_attention_states",
+    "gather_kv_rows",
 )
 
 BACKEND_NAMES: tuple[str, ...] = ("reference", "npu")

@@ -262,8 +262,40 @@ def check_topk_softmax(gating_logits, topk, renormalize) -> None:
         fail(op, "renormalize", renormalize, "a bool")
 
 
-def check_fused_moe(hidden_states, w13, w2, topk_weights, topk_ids) -> None:
-    op = "fused_moe_reference"
+def check_moe_gating_topk(router_logits, topk, scoring_func, renormalize, num_expert_group, topk_group,
+                          e_score_correction_bias, routed_scaling_factor) -> None:
+    op = "moe_gating_topk"
+    tensor(op, "router_logits", router_logits, 2, "[num_tokens, num_experts]")
+    floating(op, "router_logits", router_logits, "[num_tokens, num_experts]")
+    experts = router_logits.shape[1]
+    if scoring_func not in ("softmax", "sigmoid"):
+        fail(op, "scoring_func", scoring_func, "'softmax' or 'sigmoid'")
+    if not isinstance(renormalize, bool):
+        fail(op, "renormalize", renormalize, "a bool")
+    number(op, "routed_scaling_factor", routed_scaling_factor, "a positive real number", positive=True)
+    selectable = experts
+    if num_expert_group is not None and num_expert_group > 1:
+        if isinstance(num_expert_group, bool) or not isinstance(num_expert_group, int) or experts % num_expert_group:
+            fail(op, "num_expert_group", num_expert_group, f"an int dividing num_experts ({experts})")
+        if (isinstance(topk_group, bool) or not isinstance(topk_group, int)
+                or not 0 < topk_group <= num_expert_group):
+            fail(op, "topk_group", topk_group, f"an int in [1, {num_expert_group}] (the groups kept)")
+        per_group = experts // num_expert_group
+        if e_score_correction_bias is not None and per_group < 2:
+            fail(op, "num_expert_group", num_expert_group, "groups of at least 2 experts with a correction bias")
+        selectable = topk_group * per_group
+    if isinstance(topk, bool) or not isinstance(topk, int) or not 0 < topk <= selectable:
+        fail(op, "topk", topk, f"an int in [1, {selectable}] (the experts selectable)")
+    if e_score_correction_bias is not None:
+        tensor(op, "e_score_correction_bias", e_score_correction_bias, 1, f"None or [{experts}]")
+        floating(op, "e_score_correction_bias", e_score_correction_bias, f"[{experts}]")
+        if e_score_correction_bias.shape[0] != experts:
+            fail(op, "e_score_correction_bias", e_score_correction_bias, f"None or [{experts}]")
+        same_device(op, "e_score_correction_bias", e_score_correction_bias, router_logits.device, f"[{experts}]")
+
+
+def check_fused_moe(hidden_states, w13, w2, topk_weights, topk_ids, *, op: str = "fused_moe_reference",
+                    w13_bias=None, w2_bias=None) -> None:
     tensor(op, "hidden_states", hidden_states, 2, "[num_tokens, hidden_size]")
     floating(op, "hidden_states", hidden_states, "[num_tokens, hidden_size]")
     t, hidden = hidden_states.shape
@@ -283,6 +315,10 @@ def check_fused_moe(hidden_states, w13, w2, topk_weights, topk_ids) -> None:
         fail(op, "topk_ids", topk_ids, f"{list(topk_weights.shape)} of dtype int32 or int64")
     for name, x in (("w13", w13), ("w2", w2), ("topk_weights", topk_weights), ("topk_ids", topk_ids)):
         same_device(op, name, x, dev, "a tensor")
+    for name, bias, shape in (("w13_bias", w13_bias, (e, two_i)), ("w2_bias", w2_bias, (e, hidden))):
+        if bias is not None and (not isinstance(bias, torch.Tensor) or tuple(bias.shape) != shape
+                                 or bias.device != dev):
+            fail(op, name, bias, f"None or {list(shape)} on device {dev}")
 
 
 def _logits(op: str, name: str, logits) -> None:

@@ -31,8 +31,10 @@ class AscendConfig(BaseModel):
     chip: Literal["auto", "A2", "A3", "310P"] = Field(
         "auto", description="Ascend chip family; 'auto' asks torch_npu. 310P selects its own attention backend "
         "and private per-layer KV buffers.")
-    graph_mode: Literal["auto", "eager", "piecewise", "full"] = Field(
-        "auto", description="Graph capture: 'auto' is eager when enforce_eager is set or in the simulated lane, "
+    graph_mode: Literal["auto", "eager", "piecewise", "full", "full_and_piecewise"] = Field(
+        "auto", description="Graph capture: 'piecewise', 'full' (FULL graphs for uniform decodes only) or "
+        "'full_and_piecewise' (FULL for uniform decodes, PIECEWISE for mixed batches); 'auto' is eager when "
+        "enforce_eager is set or in the simulated lane (which records what it would capture when a mode is given), "
         "piecewise otherwise.")
     graph_capture_sizes: tuple[int, ...] | None = Field(
         None, description="Batch sizes to capture graphs for (ascending, positive); default derived from "
@@ -49,6 +51,15 @@ class AscendConfig(BaseModel):
         True, description="Replace vLLM's RMSNorm, SiluAndMul and RotaryEmbedding with ascend_kernels ops.")
     block_size: int | None = Field(
         None, description="KV block size when the user gave none (multiple of 16); default 128.")
+    eplb: bool = Field(
+        False, description="Expert-parallel load balancing of MoE models (needs enable_expert_parallel over >= 2 "
+        "ranks): per-expert load recorded every step, experts re-placed with redundant copies and moved between "
+        "ranks every eplb_interval steps.")
+    eplb_redundant_experts: int = Field(
+        0, ge=0, description="Extra expert slots for EPLB replicas (a multiple of the expert-parallel size).")
+    eplb_interval: int = Field(
+        3000, ge=0, description="Engine steps between EPLB rebalances; 0 rebalances only when asked "
+        "(ascend_platform.moe.eplb.current_controller().rebalance()).")
 
     @field_validator("graph_capture_sizes")
     @classmethod

@@ -61,6 +61,10 @@ class SimulatedNPUPlatform(AscendPlatformBase, CpuPlatform):
         register_for_lane()
 
     @classmethod
+    def get_device_communicator_cls(cls) -> str:
+        return "ascend_platform.simulated.communicator.SimulatedCommunicator"
+
+    @classmethod
     def kernel_backend(cls, ascend: AscendConfig) -> str:
         if ascend.kernel_backend == "npu":
             raise AscendConfigError("Invalid Ascend additional_config: bad value 'npu' for key 'kernel_backend' "

@@ -10,6 +10,7 @@ from ascend_core.upstream.errors import ENGINE_TESTED, STATIC_ONLY, SUPPORTED_RA
 from ascend_core.upstream.kv_page import kv_spec_page_shape, kv_tensor_shares_config_backing
 from ascend_core.upstream.kv_tensor import kv_tensor_cls, kv_tensor_geometry, kv_tensor_layers, make_kv_tensor
 from ascend_core.upstream.lane import Capabilities, Lane, capabilities, detect_capabilities
+from ascend_core.upstream.logits import logits_forward_kwargs, logits_skip_gather_supported
 from ascend_core.upstream.mla import mla_ratio, mla_ratio_field, mla_ratio_kwargs
 from ascend_core.upstream.pcp import (
     pcp_has_capture_buffers,
@@ -51,6 +52,8 @@ __all__ = [
     "kv_tensor_geometry",
     "kv_tensor_layers",
     "kv_tensor_shares_config_backing",
+    "logits_forward_kwargs",
+    "logits_skip_gather_supported",
     "make_kv_tensor",
     "mla_ratio",
     "mla_ratio_field",

@@ -18,6 +18,7 @@ from vllm.logger import init_logger
 
 from ascend_platform import usage
 from ascend_platform.facade import kernel_backend_name, select_kernel_backend
+from ascend_platform.patches import REGISTRY
 from ascend_platform.registration import simulate_requested
 from ascend_platform.worker.sleep import SleepController
 
@@ -34,6 +35,7 @@ class AscendWorkerMixin:
         import ascend_kernels
         from ascend_platform.npu_platform import ascend_config_of
         from ascend_platform.ops.custom_ops import register_custom_ops
+        from ascend_platform.ops.pluggable_layers import register_pluggable_layers
         from ascend_platform.platform import NPUPlatform
 
         ascend = ascend_config_of(self.vllm_config)
@@ -41,6 +43,7 @@ class AscendWorkerMixin:
         ascend_kernels.set_validation(ascend.kernel_checks)
         if ascend.custom_ops:
             register_custom_ops()
+        register_pluggable_layers()
         # Only the chosen runner's module is imported: the other may not import on this vLLM (the legacy lane has
         # no MRV2 KV hooks, and start-up refused MRV2 there already).
         cls = self._runner_class(bool(self.use_v2_model_runner))
@@ -147,14 +150,22 @@ def _simulated_worker() -> type:
             def skip_set_num_threads(n: int) -> None:
                 logger.warning("torch.set_num_threads(%d) skipped after the CPU thread binding", n)
 
-            torch.set_num_threads = skip_set_num_threads
             init_method = self.distributed_init_method
-            os.environ["VLLM_DIST_IDENT"] = (os.path.basename(init_method.removeprefix("file://"))
-                                             if init_method.startswith("file://") else init_method.split(":")[-1])
+            ident = (os.path.basename(init_method.removeprefix("file://")) if init_method.startswith("file://")
+                     else init_method.split(":")[-1])
+            self._process_patches = [REGISTRY.apply("worker.torch_set_num_threads", skip_set_num_threads),
+                                     REGISTRY.apply("worker.dist_ident", ident)]
             init_worker_distributed_environment(self.vllm_config, self.rank, self.distributed_init_method,
                                                 self.local_rank, NPUPlatform.dist_backend)
             set_random_seed(self.model_config.seed)
             self.model_runner = self._build_runner()
+
+        def shutdown(self) -> None:
+            try:
+                super().shutdown()
+            finally:
+                for handle in reversed(getattr(self, "_process_patches", ())):
+                    handle.undo()
 
     return SimulatedAscendWorker
 
