@@ -1,6 +1,10 @@
 """KV transfer benchmark: our Mooncake P2P connector against the raw TransferEngine, offloading against torch copy,
 and the two-engine time-to-landed-KV against vLLM's in-tree MooncakeConnector.
 
+The synthetic pull (`MooncakeAgent.pull`) runs the hand-off protocol (`p2p.handoff`) through the step driver a decode
+engine runs (`p2p.step_driver`), large reads on its background thread as in an engine, so connector_gib_s measures
+the engine's path; the two-engine figures are real engines.
+
 Everything runs inside a loopback-only network namespace (root needed). Prints logs to stderr and ONE JSON object as
 the last line of stdout with keys connector_gib_s, raw_gib_s, ratio, transfer_ops_per_request, max_ops_allowed,
 offload_ratio, landed_ms, peer_landed_ms (and details). Goals: ratio >= 0.9, transfer_ops_per_request <=

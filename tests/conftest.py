@@ -20,6 +20,7 @@ import pytest
 from ascend_testkit.reach.collect import REACH_ENV
 
 REACH_TEST_DIR = Path(__file__).parent / "reach"
+_OWN_REACH_DIR = pytest.StashKey[str]()
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -27,6 +28,15 @@ def pytest_configure(config: pytest.Config) -> None:
         import tempfile
 
         os.environ[REACH_ENV] = tempfile.mkdtemp(prefix="ascend-reach-")
+        config.stash[_OWN_REACH_DIR] = os.environ[REACH_ENV]
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    own = config.stash.get(_OWN_REACH_DIR, None)
+    if own:
+        import shutil
+
+        shutil.rmtree(own, ignore_errors=True)
 
 
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -90,10 +100,12 @@ def netns():
 
 @pytest.fixture(scope="session")
 def netns_host(host_pool, netns):
-    """`netns_host(lane, cpu, runner="v1")`: the shared host of that lane and runner inside the namespace, its
-    engines' threads pinned to `cpu` (the connector suites share these: a warm host starts an engine in seconds)."""
+    """`netns_host(lane, cpu, runner=None)`: the shared host of that lane and runner (default: vLLM's choice, V1 on
+    its CPU platform, MRV2 in the simulated lane) inside the namespace, its engines' threads pinned to `cpu` (the
+    connector suites share these: a warm host starts an engine in seconds)."""
 
-    def get(lane: str, cpu: int, runner: str = "v1"):
+    def get(lane: str, cpu: int, runner: str | None = None):
+        runner = runner or {"cpu": "v1", "simulated": "v2"}[lane]
         return host_pool.get(f"{lane}-{runner}-cpu{cpu}-netns", lane=lane, runner=runner, netns=netns, cpus=cpu)
 
     return get

@@ -1,10 +1,11 @@
-"""Two real Mooncake agents (producer and consumer) in one process, no vLLM: prints one JSON line of findings.
+"""Real Mooncake agents (producer and consumers) in one process, no vLLM: prints one JSON line of findings.
 
-Usage: `agent_loopback.py pull|broken|steps`; run inside a loopback-only network namespace.
+Usage: `agent_loopback.py pull|broken|steps|layerwise`; run inside a loopback-only network namespace.
 """
 
 import json
 import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -25,9 +26,9 @@ def caches(seed):
     return raw, {f"layer{i}": raw[i * BLOCKS * PAGE:(i + 1) * BLOCKS * PAGE].view(BLOCKS, PAGE) for i in range(LAYERS)}
 
 
-def agent(name, port, seed, **opts):
+def agent(name, port, seed, cls=MooncakeAgent, **opts):
     raw, layers = caches(seed)
-    a = MooncakeAgent(engine_id=name, geometry=GEO, options=MooncakeOptions(side_channel_port=port, **opts))
+    a = cls(engine_id=name, geometry=GEO, options=MooncakeOptions(side_channel_port=port, **opts))
     a.register(describe_kv_caches(layers))
     return a, layers
 
@@ -81,8 +82,8 @@ def broken_mode():
 
 def steps_mode():
     """Step-driven pulls (the decode worker's path) against a producer whose engine loop is simulated here."""
-    from ascend_kv_transfer.p2p.scheduler_side import RecvJob
-    from ascend_kv_transfer.p2p.step_pulls import StepDrivenPulls
+    from ascend_kv_transfer.p2p.handoff import PullHandoff
+    from ascend_kv_transfer.p2p.step_driver import StepDriver
 
     out = {}
     prod, p_layers = agent("producer", 32500, 1, abort_timeout_s=0.3)
@@ -90,12 +91,12 @@ def steps_mode():
     cons, c_layers = agent("consumer", 32600, 2, claim_wait_s=2.0, handshake_timeout_s=0.5)
     pool = ThreadPoolExecutor(1)
     reports = []
-    pulls = StepDrivenPulls(cons, lambda req, job, res: reports.append((req, res)), pool,
-                            inline_read_max_bytes=1 << 20)
+    pulls = StepDriver(cons, lambda h, res: reports.append((h.req_id, res)), pool, inline_read_max_bytes=1 << 20)
     address = ("127.0.0.1", 32500)
 
-    def job(tid, local):
-        return RecvJob(tid, address, "producer", [local])
+    def handoff(req, tid, local, at=address):
+        return PullHandoff(req_id=req, transfer_id=tid, address=at, local_block_ids=[local], first_block=0,
+                           deadline=time.monotonic() + 2.0, wait_s=2.0)
 
     def run_until(n_reports, steps=5000):
         for _ in range(steps):  # an engine loop: connector calls every ~1 ms, bounded
@@ -116,8 +117,8 @@ def steps_mode():
         return all(torch.equal(c_layers[n][local], p_layers[n][remote]) for n in c_layers)
 
     # Two pulls to a peer never met (two handshakes in flight), both claimed before the prefill holds anything.
-    pulls.add("a", job("ta", [0, 1, 2]), address)
-    pulls.add("b", job("tb", [5, 6]), address)
+    pulls.add(handoff("a", "ta", [0, 1, 2]))
+    pulls.add(handoff("b", "tb", [5, 6]))
     run_steps(20)
     out["waiting_before_hold"] = pulls.waiting()
     prod.hold("ta", "req-a", [[10, 11, 12]])
@@ -133,7 +134,7 @@ def steps_mode():
     reports.clear()
     pulls.inline_read_max_bytes = 0
     prod.hold("tc", "req-c", [[30, 31, 32, 33]])
-    pulls.add("c", job("tc", [40, 41, 42, 43]), address)
+    pulls.add(handoff("c", "tc", [40, 41, 42, 43]))
     run_until(1)
     out["background"] = [reports[0][1].ok, pulls.background_reads, same([40, 41, 42, 43], [30, 31, 32, 33])]
 
@@ -142,17 +143,37 @@ def steps_mode():
     prod.hold("td", "req-d", [[50]])
     time.sleep(0.4)
     prod.take_finished_sends()
-    pulls.add("d", job("td", [60]), address)
+    pulls.add(handoff("d", "td", [60]))
     run_until(1)
     out["expired"] = [len(reports), reports[0][1].ok, reports[0][1].error]
 
     # Nobody at the address: the handshake times out (handshake_timeout_s), reported, no hang.
     reports.clear()
     dead = ("127.0.0.1", 32700)
-    pulls.add("e", RecvJob("te", dead, "nobody", [[1]]), dead)
+    pulls.add(handoff("e", "te", [1], at=dead))
     start = time.monotonic()
     run_until(1)
     out["dead_peer"] = [reports[0][1].ok, reports[0][1].error, time.monotonic() - start]
+
+    # The producer registers its KV memory again (as after sleep/wake): what it held is freed, and a consumer that
+    # met it before learns from the claim's epoch that its cached regions are stale and handshakes again.
+    reports.clear()
+    prod.hold("tg", "req-g", [[1]])
+    pulls.add(handoff("g", "tg", [2]))
+    run_until(1)
+    epoch_before = cons.known_peer(address).epoch
+    prod.hold("th", "req-h", [[3]])
+    prod.register(describe_kv_caches(p_layers))
+    prod.hold("tf", "req-f", [[7, 8]])
+    pulls.add(handoff("h", "th", [4]))
+    pulls.add(handoff("f", "tf", [17, 18]))
+    run_until(3)
+    run_steps(50)  # the DONE notices reach the producer
+    by_req = {req: res for req, res in reports}
+    out["reregistered"] = {"epochs": [epoch_before, prod.epoch, cons.known_peer(address).epoch],
+                           "held_freed": [by_req["h"].ok, by_req["h"].error],
+                           "after": [by_req["f"].ok, by_req["f"].error, same([17, 18], [7, 8])],
+                           "released": sorted(prod.take_finished_sends())}
     print(json.dumps(out), flush=True)
     pulls.close()
     pool.shutdown()
@@ -160,5 +181,78 @@ def steps_mode():
     prod.close()
 
 
+class Gate:
+    """Stands in for a device event: the layer's KV counts as written once the gate opens."""
+
+    def __init__(self):
+        self.event = threading.Event()
+
+    def wait(self, timeout_s):
+        return self.event.wait(timeout_s)
+
+
+def layerwise_mode():
+    """The prefill side of the layerwise push: the caller never waits for a write, a write waits for its layer's
+    KV to be written, and a write held up for one decode peer holds up no other peer; decode sides run push
+    hand-offs on a simulated engine loop."""
+    from ascend_kv_transfer.p2p.handoff import PushHandoff
+    from ascend_kv_transfer.p2p.layer_written import WRITTEN
+    from ascend_kv_transfer.p2p.layerwise_agent import LayerwiseAgent
+    from ascend_kv_transfer.p2p.step_driver import StepDriver
+
+    out = {}
+    prod, p_layers = agent("producer", 32800, 1, cls=LayerwiseAgent)
+    prod.serve(32800)
+    address = ("127.0.0.1", 32800)
+    consumers, drivers, reports = {}, {}, []
+    for name, seed in (("slow", 2), ("fast", 3)):
+        consumers[name] = agent(name, 32810 + seed, seed, cls=LayerwiseAgent)
+        drivers[name] = StepDriver(consumers[name][0], lambda h, res: reports.append((h.req_id, res.ok, res.error)),
+                                   None, inline_read_max_bytes=0)
+    src, dst = {"slow": [4, 5, 6], "fast": [10, 11]}, {"slow": [20, 21, 22], "fast": [30, 31]}
+    for name, driver in drivers.items():
+        driver.add(PushHandoff(req_id=name, transfer_id=f"t-{name}", address=address, local_block_ids=[dst[name]],
+                               first_block=0, deadline=time.monotonic() + 10, wait_s=10))
+
+    def loop(until, steps=3000):
+        for _ in range(steps):  # engine loops: connector calls every ~1 ms, bounded
+            for driver in drivers.values():
+                driver.advance()
+            prod.serve_pending()
+            if until():
+                return True
+            time.sleep(0.001)
+        return False
+
+    def landed(name):
+        c_layers = consumers[name][1]
+        return all(torch.equal(c_layers[n][dst[name]], p_layers[n][src[name]]) for n in c_layers)
+
+    out["destinations_known"] = loop(lambda: len(prod.known_destinations()) == 2)
+    gate = Gate()
+    for i in range(LAYERS):  # the forward pass: one call per layer, the slow peer's layers not written yet
+        prod.push_layer("t-slow", f"layer{i}", [src["slow"]], 0, 2, gate)
+        prod.push_layer("t-fast", f"layer{i}", [src["fast"]], 0, 1, WRITTEN)
+    prod.finish("t-slow", [src["slow"]])
+    prod.finish("t-fast", [src["fast"]])
+    out["fast_landed_while_slow_waits"] = loop(lambda: len(reports) == 1)
+    out["reports_before_gate"] = list(reports)
+    out["slow_bytes_before_gate"] = landed("slow")
+    out["fast_bytes"] = landed("fast")
+    out["queued_before_gate"] = prod.writes_queued()
+    gate.event.set()
+    out["slow_landed_after_gate"] = loop(lambda: len(reports) == 2)
+    out["slow_bytes"] = landed("slow")
+    out["reports"] = sorted(reports)
+    out["layer_pushes"] = prod.layer_pushes
+    out["writer_threads"] = prod.writers.peers()
+    print(json.dumps(out), flush=True)
+    for driver in drivers.values():
+        driver.close()
+    for c, _ in consumers.values():
+        c.close()
+    prod.close()
+
+
 if __name__ == "__main__":
-    {"pull": pull_mode, "broken": broken_mode, "steps": steps_mode}[sys.argv[1]]()
+    {"pull": pull_mode, "broken": broken_mode, "steps": steps_mode, "layerwise": layerwise_mode}[sys.argv[1]]()

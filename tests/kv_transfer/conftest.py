@@ -1,5 +1,10 @@
 """Shared fixtures for the engine-level KV transfer tests: the tiny model's token ids and engines on the session's
-hosts (real vLLM engines, each pinned to its own core, inside the loopback-only namespace where Mooncake runs)."""
+hosts (real vLLM engines, each pinned to its own core, inside the loopback-only namespace where Mooncake runs).
+
+Every connector suite runs in two lanes: vLLM's own CPU platform (vLLM's allocator and attention) and the
+simulated-NPU lane (our platform: our allocator's views and 2 MiB-aligned buffers, our attention backend, sleep
+mode). A module's engines are shared by its tests of one lane (`LANES`, a module-scoped parameter).
+"""
 
 from __future__ import annotations
 
@@ -33,24 +38,53 @@ def token_ids(model_dir):
     return make
 
 
+# The simulated lane serves sleep mode (vLLM's CPU platform does not).
+LANE_DEFAULTS = {"cpu": {}, "simulated": {"enable_sleep_mode": True}}
 ENGINE_DEFAULTS = dict(dtype="float32", enforce_eager=True, seed=0, max_model_len=1024, max_num_seqs=4,
                        block_size=128, enable_prefix_caching=True)
 
 
+# vLLM's own choice of model runner in each lane (the simulated lane runs MRV2 through Triton's interpreter).
+DEFAULT_RUNNER = {"cpu": "v1", "simulated": "v2"}
+
+
 @pytest.fixture(scope="session")
 def start_engine(host_pool, netns_host):
-    """`start_engine(name, config, cpu, netns=None, wait=True, lane="cpu")`: an engine on the session's host for
-    (lane, namespace, core); `config` is {model, kv_transfer_config, block_size, ...} (LLM keyword arguments).
-    With wait=False, call `host.started()` later (two engines then start together)."""
+    """`start_engine(name, config, cpu, netns=None, wait=True, lane="cpu", runner=None)`: an engine on the session's
+    host for (lane, runner, namespace, core); `config` is {model, kv_transfer_config, block_size, ...} (LLM keyword
+    arguments); `runner` "v1"/"v2" picks vLLM's model runner (default: vLLM's choice in that lane, V1 on vLLM's CPU
+    platform, MRV2 in the simulated lane). With wait=False, call `host.started()` later (two engines then start
+    together)."""
 
-    def start(name: str, config: dict, cpu: int, netns=None, wait: bool = True, lane: str = "cpu"):
-        host = (netns_host(lane, cpu) if netns is not None
-                else host_pool.get(f"{lane}-v1-cpu{cpu}", lane=lane, runner="v1", cpus=cpu))
-        engine = ENGINE_DEFAULTS | {k: v for k, v in config.items() if k != "model"}
+    def start(name: str, config: dict, cpu: int, netns=None, wait: bool = True, lane: str = "cpu",
+              runner: str | None = None):
+        runner = runner or DEFAULT_RUNNER[lane]
+        host = (netns_host(lane, cpu, runner) if netns is not None
+                else host_pool.get(f"{lane}-{runner}-cpu{cpu}", lane=lane, runner=runner, cpus=cpu))
+        engine = ENGINE_DEFAULTS | LANE_DEFAULTS[lane] | {k: v for k, v in config.items() if k != "model"}
         host.start(config["model"], wait=wait, **engine)
         return host
 
     return start
+
+
+@pytest.fixture(scope="module", params=["cpu", "simulated"])
+def lane(request) -> str:
+    """The lane of a module's engines: each connector module runs once per lane, its engines shared by its tests."""
+    return request.param
+
+
+def _registration(host) -> dict:
+    worker = host.call("stats")["worker"]
+    return {"registered": sorted(worker["registered"]), "registrations": worker["registrations"],
+            "storages": sorted(host.rpc("ascend_testkit.probes:kv_storages")[0])}
+
+
+@pytest.fixture(scope="session")
+def registration():
+    """`registration(host)`: the worker connector's registered KV memory ([address, bytes] spans), how often it
+    registered, and the spans of our allocator's buffers behind the layers' views (simulated lane; [] otherwise)."""
+    return _registration
 
 
 @pytest.fixture

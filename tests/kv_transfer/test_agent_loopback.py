@@ -1,5 +1,6 @@
-"""The transfer agent between two real Mooncake engines on loopback (no vLLM): coalesced, chunked pulls that copy
-the right bytes; DONE and timeout release; and a failed batch marking the peer broken instead of a blind retry."""
+"""The transfer agent between real Mooncake engines on loopback (no vLLM): coalesced, chunked pulls that copy
+the right bytes; DONE and timeout release; a failed batch marking the peer broken instead of a blind retry; and the
+layerwise push's writes leaving the caller, waiting for their layer's KV, one peer never holding up another."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import pytest
 pytestmark = pytest.mark.mooncake
 
 SCRIPT = str(Path(__file__).parent / "agent_loopback.py")
+LAYERS = 4  # agent_loopback.LAYERS
 
 
 def _run(netns, mode: str, env: dict | None = None) -> dict:
@@ -56,3 +58,21 @@ def test_step_driven_pulls_wait_for_the_hold_read_inline_or_on_the_thread_and_fa
     assert count == 1 and not ok and "expired" in error
     ok, error, seconds = r["dead_peer"]
     assert not ok and "SideChannelTimeout" in error and seconds < 5
+    rereg = r["reregistered"]
+    assert rereg["epochs"] == [1, 2, 2]  # the consumer now holds the producer's metadata of the new registration
+    assert not rereg["held_freed"][0] and "expired" in rereg["held_freed"][1]
+    assert rereg["after"] == [True, None, True]
+    assert rereg["released"] == ["req-f", "req-g", "req-h"]
+
+
+def test_layerwise_writes_never_block_the_caller_wait_for_the_kv_and_isolate_peers(netns):
+    r = _run(netns, "layerwise")
+    assert r["destinations_known"]
+    # The "forward pass" queued 8 layer writes, 4 of them for layers whose KV is not written yet, and went on (the
+    # script itself opens the gate later: a caller that waited for it would never get there).
+    # The other peer's transfer landed completely while the first one's writes waited for their KV.
+    assert r["fast_landed_while_slow_waits"] and r["reports_before_gate"] == [["fast", True, None]]
+    assert r["fast_bytes"] and not r["slow_bytes_before_gate"] and r["queued_before_gate"] == LAYERS
+    assert r["slow_landed_after_gate"] and r["slow_bytes"]
+    assert r["reports"] == [["fast", True, None], ["slow", True, None]]
+    assert r["layer_pushes"] == 2 * LAYERS and r["writer_threads"] == 2

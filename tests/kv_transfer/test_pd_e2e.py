@@ -2,7 +2,9 @@
 
 A prefill engine (kv_producer, core 0) and a decode engine (kv_consumer, core 1) run in separate processes inside a
 loopback-only network namespace; requests carry vLLM's router-style kv_transfer_params from one to the other.
-The tests share the two engines and run in file order: the last one kills the prefill engine.
+Once on vLLM's CPU platform, once in the simulated-NPU lane (our allocator's layout; sleep and wake-up move the KV
+memory and the registrations must follow). A lane's tests share its two engines and run in file order: the last
+one kills the prefill engine.
 """
 
 from __future__ import annotations
@@ -36,12 +38,12 @@ def _kv_config(role: str, port: int, **extra) -> dict:
 
 
 @pytest.fixture(scope="module")
-def engines(start_engine, model_dir, netns):
+def engines(lane, start_engine, model_dir, netns):
     common = {"model": model_dir, "block_size": BLOCK_SIZE, "max_model_len": 1024, "max_num_seqs": 8}
     prefill = start_engine("prefill", common | {"kv_transfer_config": _kv_config("kv_producer", PREFILL_PORT)}, 0,
-                           netns=netns, wait=False)
+                           netns=netns, wait=False, lane=lane)
     decode = start_engine("decode", common | {"kv_transfer_config": _kv_config("kv_consumer", DECODE_PORT)}, 1,
-                          netns=netns, wait=False)
+                          netns=netns, wait=False, lane=lane)
     prefill.started()
     decode.started()
     yield prefill, decode
@@ -156,6 +158,38 @@ def test_geometry_mismatch_is_rejected_at_handshake(engines, baseline, run_in_ne
     assert peer_stats["held_now"] == 0 and peer_stats["released_done"] == 1  # the decode side released it
     peer.stdin.close()
     peer.wait(timeout=10)
+
+
+def test_registrations_follow_the_kv_memory_through_sleep_and_wake(engines, baseline, registration):
+    prefill, decode = engines
+    if prefill.lane != "simulated":
+        pytest.skip("vLLM's CPU platform has no sleep mode")
+    prompts, expected = baseline
+    for host in (prefill, decode):
+        before = registration(host)
+        assert before["registered"] == before["storages"] != []  # our allocator's 2 MiB-aligned buffers, exactly
+        host.sleep(level=1)
+        asleep = registration(host)
+        assert asleep["registered"] == [] and asleep["storages"] == []  # nothing registered over freed memory
+        host.wake_up()
+        after = registration(host)
+        assert after["registered"] == after["storages"] != []
+        assert after["registrations"] == before["registrations"] + 1
+        assert all(addr % (2 << 20) == 0 for addr, _ in after["registered"])
+
+    # The decode side still holds the prefill's metadata of before the sleep: the claim's epoch sends it to handshake
+    # again, and the pulled bytes are the new memory's.
+    keys = [f"len{LENGTHS[1]}", f"len{LENGTHS[-1]}"]
+    firsts = {k: _prefill(prefill, f"{k}-woken", prompts[k]) for k in keys}
+    outs = decode.run_requests([{"id": f"d-{k}-woken", "prompt_token_ids": prompts[k], "max_tokens": MAX_TOKENS,
+                                 "kv_transfer_params": firsts[k]["kv_transfer_params"]} for k in keys])
+    stats = decode.call("stats")
+    for k, out in zip(keys, outs, strict=True):
+        assert out["token_ids"] == expected[k], k
+        pulled = _pulled(stats, f"d-{k}-woken")
+        assert pulled["ok"], pulled["error"]
+        loaded = [v for r, v in stats["scheduler"]["loaded_tokens"].items() if r.startswith(f"d-{k}-woken")]
+        assert loaded == [len(prompts[k])], k
 
 
 def test_prefill_killed_before_pull_then_decode_recovers(engines, baseline):

@@ -36,11 +36,14 @@ def _whole_suite_ran(session: pytest.Session) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def reach(request) -> dict[str, bool]:
+def reach(request, host_pool) -> dict[str, bool]:
     missing = _whole_suite_ran(request.session)
     if missing:
         pytest.fail(f"the reach check reads what every engine suite of this session ran; run `pytest tests` "
                     f"(not collected here: {', '.join(missing[:8])}{' ...' if len(missing) > 8 else ''})")
+    # A process writes its coverage when it exits: end the session's engine hosts now (this check runs last).
+    leftovers = host_pool.close()
+    assert not leftovers, f"engine hosts that would not exit (their reach is lost): {leftovers}"
     folder = os.environ[REACH_ENV]
     executed = executed_lines(folder)
     assert executed, f"no coverage data in {folder}: did the engine hosts record? (see ascend_testkit.reach)"

@@ -50,8 +50,15 @@ def test_kernel_blocks_merge_into_manager_blocks():
 
 def test_non_contiguous_page_is_rejected_with_the_layer_name():
     t = torch.zeros(2, 8, 4, 8).transpose(0, 1)  # heads outside blocks: a page is strided
-    with pytest.raises(KVLayoutError, match="'bad'.*not contiguous"):
+    with pytest.raises(KVLayoutError, match="'bad'.*not one dense range"):
         describe_kv_caches({"bad": t})
+
+
+def test_a_dense_page_in_another_order_is_one_page():
+    # LBNHC as vLLM views it [B, H, N, C]: a block's tokens lie outside its heads, yet its page is one byte range.
+    t = torch.zeros(8, 4, 2, 16).permute(0, 2, 1, 3)
+    kv = describe_kv_caches({"nhd": t})
+    assert kv.regions[0].page_bytes == 2 * 4 * 16 * 4 == kv.regions[0].block_stride
 
 
 def test_overlapping_layers_are_rejected():
@@ -66,3 +73,29 @@ def test_overlapping_pages_within_a_layer_are_rejected():
     t = torch.as_strided(raw, (8, 64), (32, 1))
     with pytest.raises(KVLayoutError, match="pages overlap"):
         describe_kv_caches({"x": t})
+
+
+def test_registered_memory_is_what_the_views_cover_not_the_allocation_padding():
+    # Like the Ascend allocator with a KV transfer: the buffer starts on a 2 MiB boundary inside a padded allocation.
+    align, page, blocks = 2 << 20, 4096, 16
+    raw = torch.zeros(2 * blocks * page + align, dtype=torch.int8)
+    pad = -raw.data_ptr() % align
+    backing = raw[pad:pad + 2 * blocks * page]
+    views = {f"l{i}": backing[i * blocks * page:(i + 1) * blocks * page].view(blocks, page) for i in range(2)}
+    kv = describe_kv_caches(views)
+    assert [(s.addr, s.nbytes) for s in kv.storages] == [(backing.data_ptr(), backing.numel())]
+    assert kv.storages[0].addr % align == 0
+
+
+def test_buffers_with_gaps_in_one_allocation_register_apart():
+    # Private per-layer buffers cut from one slab, each on its own boundary: the gaps are not KV.
+    slab = torch.zeros(3 * 4096, dtype=torch.int8)
+    views = {"a": slab[:1024].view(4, 256), "b": slab[4096:4096 + 1024].view(4, 256)}
+    kv = describe_kv_caches(views)
+    assert [(s.addr - slab.data_ptr(), s.nbytes) for s in kv.storages] == [(0, 1024), (4096, 1024)]
+
+
+def test_interleaved_layers_register_as_one_span():
+    raw = torch.zeros(8, 2, 64)  # blocks x layers x page: the layers' extents overlap
+    kv = describe_kv_caches({"a": raw[:, 0, :], "b": raw[:, 1, :]})
+    assert [(s.addr, s.nbytes) for s in kv.storages] == [(raw.data_ptr(), raw.nbytes)]

@@ -1,9 +1,12 @@
-"""Byte geometry of the KV caches vLLM hands a connector: per-layer regions and the storages behind them.
+"""Byte geometry of the KV caches vLLM hands a connector: per-layer regions and the memory to register.
 
 vLLM passes `register_kv_caches` one view per layer; on current releases all of them are strided views into one
-backing buffer, so the real storages are found by deduplicating the views' untyped storages (registering the same
-memory twice with Mooncake fails or double-counts). A layer's block must be one contiguous page, and no two layers'
-pages may overlap; anything else is rejected with the layer's name.
+backing buffer. What a transfer engine registers is the memory the views cover: the byte extents of the views,
+merged where they touch or overlap (registering the same memory twice fails or double-counts). Not the whole
+allocation behind them: an allocator may pad its buffers to align them (the Ascend allocator starts each KV buffer
+on a 2 MiB boundary, which the device transports require of a registered base), and the padding is not KV.
+A layer's block must be one dense page (a gap-free byte range, in any internal order), and no two layers' pages
+may overlap; anything else is rejected with the layer's name.
 """
 
 from __future__ import annotations
@@ -22,6 +25,8 @@ class KVLayoutError(ValueError):
 
 @dataclass(frozen=True)
 class Storage:
+    """One span of memory to register: the merged extents of the KV views inside one allocation."""
+
     addr: int
     nbytes: int
 
@@ -38,19 +43,18 @@ class KVRegions:
 
 def describe_kv_caches(kv_caches: Mapping[str, torch.Tensor], num_blocks: int | None = None,
                        groups: Mapping[str, int] | None = None) -> KVRegions:
-    """Regions (one per layer, in the dict's order) and deduplicated storages of `kv_caches`.
+    """Regions (one per layer, in the dict's order) and the memory spans to register for `kv_caches`.
 
     `num_blocks` is the scheduler's block count; when a tensor holds a multiple of it (kernel blocks smaller than
     the manager's block), a manager block spans that many kernel pages, which must then be back to back.
     `groups` maps a layer to its KV cache group (default 0).
     """
     regions: list[LayerRegion] = []
-    storages: dict[int, Storage] = {}
+    extents: dict[int, list[tuple[int, int]]] = {}  # allocation -> (start, end) of each view inside it
     for name, tensor in kv_caches.items():
         if tensor.dim() < 2:
             raise KVLayoutError(f"layer {name!r}: expected a [blocks, ...] view, got shape {tuple(tensor.shape)}")
-        storage = tensor.untyped_storage()
-        storages.setdefault(storage.data_ptr(), Storage(storage.data_ptr(), storage.nbytes()))
+        extents.setdefault(tensor.untyped_storage().data_ptr(), []).append(_extent(name, tensor))
         kernel_blocks = tensor.shape[0]
         ratio = 1
         if num_blocks:
@@ -59,9 +63,10 @@ def describe_kv_caches(kv_caches: Mapping[str, torch.Tensor], num_blocks: int | 
                                     f"{num_blocks} blocks")
             ratio = kernel_blocks // num_blocks
         page = tensor[0]
-        if not page.is_contiguous():
-            raise KVLayoutError(f"layer {name!r}: a block's page is not contiguous (shape {tuple(tensor.shape)}, "
-                                f"strides {tensor.stride()}); use a block-major layer layout such as LBHNC")
+        if not _dense(page):
+            raise KVLayoutError(f"layer {name!r}: a block's page is not one dense range of bytes (shape "
+                                f"{tuple(tensor.shape)}, strides {tensor.stride()}); use a block-major layer layout "
+                                "such as LBHNC")
         kernel_page = page.nbytes
         kernel_stride = tensor.stride(0) * tensor.element_size()
         if kernel_stride < kernel_page:
@@ -74,7 +79,38 @@ def describe_kv_caches(kv_caches: Mapping[str, torch.Tensor], num_blocks: int | 
                                    page_bytes=kernel_page * ratio, num_blocks=kernel_blocks // ratio,
                                    group=(groups or {}).get(name, 0)))
     _check_no_overlap(regions)
-    return KVRegions(regions, list(storages.values()))
+    return KVRegions(regions, [s for spans in extents.values() for s in _merge(spans)])
+
+
+def _dense(page: torch.Tensor) -> bool:
+    """The page fills one gap-free byte range, in whatever order its dimensions are laid out (e.g. LBNHC stores a
+    block's tokens outside its heads): such a page moves as one piece, and both sides agree on the layout."""
+    dims = sorted((stride, size) for size, stride in zip(page.shape, page.stride(), strict=True) if size > 1)
+    expected = 1
+    for stride, size in dims:
+        if stride != expected:
+            return False
+        expected *= size
+    return True
+
+
+def _extent(name: str, tensor: torch.Tensor) -> tuple[int, int]:
+    """First and one-past-last byte a view can touch."""
+    if any(s < 0 for s in tensor.stride()):
+        raise KVLayoutError(f"layer {name!r}: negative strides {tensor.stride()}")
+    last = sum((n - 1) * s for n, s in zip(tensor.shape, tensor.stride(), strict=True)) if tensor.numel() else -1
+    return tensor.data_ptr(), tensor.data_ptr() + (last + 1) * tensor.element_size()
+
+
+def _merge(spans: list[tuple[int, int]]) -> list[Storage]:
+    """Spans that touch or overlap become one (layers of one buffer, back to back, register as the buffer)."""
+    merged: list[list[int]] = []
+    for start, end in sorted(spans):
+        if merged and start <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], end)
+        else:
+            merged.append([start, end])
+    return [Storage(start, end - start) for start, end in merged if end > start]
 
 
 def _check_no_overlap(regions: list[LayerRegion]) -> None:

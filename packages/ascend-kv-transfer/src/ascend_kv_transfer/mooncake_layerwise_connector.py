@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from ascend_kv_transfer.mooncake_connector import AscendMooncakeConnector, P2PConnectorMetadata
 from ascend_kv_transfer.p2p.layerwise_sides import LayerwiseScheduler, LayerwiseWorker
+from ascend_kv_transfer.p2p.scheduler_side import P2PStep
 
 if TYPE_CHECKING:
     import torch
@@ -42,8 +43,13 @@ class AscendMooncakeLayerwiseConnector(AscendMooncakeConnector):
     def save_kv_layer(self, layer_name: str, kv_layer: torch.Tensor, attn_metadata: AttentionMetadata,
                       **kwargs: Any) -> None:
         assert isinstance(self._worker, LayerwiseWorker)
-        self._worker.save_layer(layer_name)
+        self._worker.save_layer(layer_name, kv_layer, self._step())
 
     def wait_for_save(self) -> None:
         assert isinstance(self._worker, LayerwiseWorker)
-        self._worker.end_step()
+        self._worker.end_step(self._step())
+
+    def _step(self) -> P2PStep:
+        metadata = self._get_connector_metadata()
+        assert isinstance(metadata, P2PConnectorMetadata)
+        return metadata.step

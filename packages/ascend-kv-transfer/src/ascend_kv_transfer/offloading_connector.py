@@ -80,10 +80,10 @@ class AscendOffloadingConnector(SplitRoleConnector):
     def get_kv_connector_stats(self) -> AscendKVConnectorStats | None:
         return self._deltas.take(dict(self._worker.stats.__dict__)) if self._worker is not None else None
 
-
     def connector_stats(self) -> dict[str, Any]:
         if self._worker is not None:
-            return dict(self._worker.stats.__dict__)
+            return dict(self._worker.stats.__dict__) | {"registrations": self._worker.registrations,
+                                                        "registered": self._worker.registered()}
         assert self._scheduler is not None
         return dict(self._scheduler.stats.__dict__) | {"tier_blocks": len(self._scheduler.index),
                                                       "evictions": self._scheduler.index.evictions}

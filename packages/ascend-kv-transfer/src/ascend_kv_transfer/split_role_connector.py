@@ -55,6 +55,20 @@ class SplitRoleConnector(KVConnectorBase_V1, SupportsHMA):
         assert self._worker is not None
         self._worker.register_kv_caches(kv_caches)
 
+    def unregister_kv_caches(self) -> None:
+        """Before the KV memory is freed (sleep; vLLM 0.33's hook, called by the Ascend platform on every release):
+        drop what refers to it. Idempotent."""
+        release = getattr(self._worker, "unregister_kv_caches", None)
+        if release is not None:
+            release()
+
+    def restore_kv_caches(self) -> None:
+        """After a wake-up that kept the KV memory's addresses (vLLM 0.33's hook); a wake-up that moved it calls
+        `register_kv_caches` with the new tensors instead. Idempotent."""
+        restore = getattr(self._worker, "restore_kv_caches", None)
+        if restore is not None:
+            restore()
+
     def wait_for_layer_load(self, layer_name: str) -> None:
         return
 

@@ -8,7 +8,8 @@ from typing import Any
 from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorPromMetrics, KVConnectorStats
 
 # Stats keys that are current levels, not counters: never exported as Prometheus counters.
-GAUGE_KEYS = frozenset({"held_now", "pending_saves", "held_requests"})
+GAUGE_KEYS = frozenset({"held_now", "pending_saves", "held_requests", "handoffs_waiting", "push_writes_queued",
+                        "epoch"})
 # Prometheus refuses a second metric of the same name in one registry: one counter per name per process.
 _COUNTERS: dict[tuple[Any, str], Any] = {}
 

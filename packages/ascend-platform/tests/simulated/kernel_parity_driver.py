@@ -427,7 +427,11 @@ def main() -> int:
     report = {name.removeprefix("case_"): {k: _compare(v, ours[name][k]) for k, v in outs.items()}
               for name, outs in upstream.items()}
     report["gumbel_logits_cache_contract"] = {"logits_cache": check_gumbel_logits_cache(_gen(999))}
-    print(json.dumps({"report": report, "upstream_failed": failed, "usage": usage.snapshot()["counts"]}))
+    from ascend_platform.simulated import triton_interpreter
+
+    library = {"interpreted": triton_interpreter.library_interpreted(), "ready": triton_interpreter.library_ready()}
+    print(json.dumps({"report": report, "upstream_failed": failed, "usage": usage.snapshot()["counts"],
+                      "triton_library": library}))
     return 0
 
 

@@ -2,8 +2,9 @@
 
 `kernel_parity_driver.py` runs each vLLM launcher on identical random inputs, first with vLLM's kernels in Triton's
 interpreter, then with our stand-ins registered through vLLM's dispatcher (one subprocess: vLLM picks its platform
-once per process). TRITON_INTERPRET=1 from the start lets Triton's own library run interpreted in the driver, as it
-does in the engine's spawned workers.
+once per process). The driver imports Triton before the platform turns the interpreter on, as a process running an
+engine without multiprocessing does, so vLLM's kernels reach Triton's own library through the
+`simulated.triton_library_calls` bridge (spawned workers decorate that library interpreted instead).
 """
 
 from __future__ import annotations
@@ -21,9 +22,10 @@ DRIVER = Path(__file__).with_name("kernel_parity_driver.py")
 
 @pytest.fixture(scope="module")
 def parity(tmp_path_factory) -> dict:
-    env = {**os.environ, "ASCEND_VLLM_SIMULATE": "1", "TRITON_INTERPRET": "1", "HF_HUB_OFFLINE": "1",
+    env = {**os.environ, "ASCEND_VLLM_SIMULATE": "1", "HF_HUB_OFFLINE": "1",
            "VLLM_CACHE_ROOT": str(tmp_path_factory.mktemp("vllm-cache"))}
-    env.pop("VLLM_USE_V2_MODEL_RUNNER", None)
+    for key in ("VLLM_USE_V2_MODEL_RUNNER", "TRITON_INTERPRET"):
+        env.pop(key, None)
     out = subprocess.run([sys.executable, str(DRIVER)], env=env, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-4000:]
     return json.loads([line for line in out.stdout.splitlines() if line.startswith("{")][-1])
@@ -45,6 +47,10 @@ INTERPRETER_FAILURES = {
     "case_top_k_top_p": "'int' object has no attribute 'to'",
     "case_grammar_bitmask": "mask has unsupported dtype",
 }
+
+
+def test_kernels_reach_tritons_library_through_the_bridge(parity):
+    assert parity["triton_library"] == {"interpreted": False, "ready": True}
 
 
 def test_only_the_known_kernels_fail_in_the_interpreter(parity):

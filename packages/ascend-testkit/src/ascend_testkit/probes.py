@@ -15,3 +15,10 @@ def speculative_parts(worker: Any) -> dict[str, str | None]:
     drafter = getattr(runner, "drafter", None) or getattr(runner, "speculator", None)
     return {"runner": _name(runner), "drafter": _name(drafter),
             "verifier": _name(getattr(runner, "rejection_sampler", None))}
+
+
+def kv_storages(worker: Any) -> list[list[int]]:
+    """The Ascend allocator's registration spans of this worker's KV cache now, as [address, bytes] (what a KV
+    connector must have registered); [] when the cache is released (asleep) or not ours (vLLM's CPU platform)."""
+    allocation = getattr(worker.model_runner, "ascend_kv", None)
+    return [] if allocation is None else [[s.data_ptr, s.nbytes] for s in allocation.storages]

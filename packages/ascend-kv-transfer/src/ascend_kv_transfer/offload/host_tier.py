@@ -2,7 +2,8 @@
 
 Each layer gets a `[num_blocks, page_bytes]` uint8 view aliasing its KV memory (no copy) and a host buffer of
 `[num_slots, page_bytes]`; a run of consecutive blocks that maps to consecutive slots moves with one copy per
-layer. Layouts whose pages are not contiguous or overlap are refused by `describe_kv_caches`.
+layer. Layouts whose pages are not dense or overlap are refused by `describe_kv_caches`. When the KV memory
+moves (sleep/wake re-allocates it) the tier is bound to the new tensors and keeps its host slots.
 """
 
 from __future__ import annotations
@@ -34,12 +35,11 @@ def _memmove_all(jobs: Sequence[tuple[int, int, int]]) -> None:
 class HostTier:
     def __init__(self, kv_caches: Mapping[str, torch.Tensor], num_slots: int, num_blocks: int | None = None,
                  pin_memory: bool = False, num_threads: int | None = None):
-        self.regions: KVRegions = describe_kv_caches(kv_caches, num_blocks)
         if num_slots < 1:
             raise ValueError(f"num_slots={num_slots}")
+        self.num_blocks = num_blocks
+        self.regions: KVRegions = describe_kv_caches(kv_caches, num_blocks)
         self.num_slots = num_slots
-        self.device_views = [block_byte_view(kv_caches[r.name], r.block_stride, r.page_bytes, r.num_blocks)
-                             for r in self.regions.regions]
         # One zero-filled allocation: its pages are touched now, not on the first store of a busy step.
         self._buffer = torch.zeros(num_slots * self.regions.bytes_per_block, dtype=torch.uint8, pin_memory=pin_memory)
         self.host, offset = [], 0
@@ -52,12 +52,37 @@ class HostTier:
         self._threads = max(1, num_threads or torch.get_num_threads())
         self._pool = ThreadPoolExecutor(self._threads, thread_name_prefix="ascend-kv-offload") \
             if self._threads > 1 else None
+        self.device_views: list[torch.Tensor] = []
+        self._addresses: list[tuple[int, int, int, int] | None] = []
+        self._bind(kv_caches, self.regions)
+
+    def bind(self, kv_caches: Mapping[str, torch.Tensor]) -> None:
+        """Point the tier at KV memory that moved (same layers and page geometry); the host slots stay."""
+        regions = describe_kv_caches(kv_caches, self.num_blocks)
+        shape = [(r.name, r.page_bytes, r.num_blocks) for r in regions.regions]
+        if shape != [(r.name, r.page_bytes, r.num_blocks) for r in self.regions.regions]:
+            raise ValueError(f"the re-registered KV caches have another geometry than the host tier's: {shape[:2]}... "
+                             f"vs {[(r.name, r.page_bytes, r.num_blocks) for r in self.regions.regions][:2]}...")
+        self.regions = regions
+        self._bind(kv_caches, regions)
+
+    def unbind(self) -> None:
+        """Forget the KV memory (it is about to be freed); the host slots stay."""
+        self.device_views, self._addresses = [], []
+
+    @property
+    def bound(self) -> bool:
+        return bool(self.device_views)
+
+    def _bind(self, kv_caches: Mapping[str, torch.Tensor], regions: KVRegions) -> None:
+        self.device_views = [block_byte_view(kv_caches[r.name], r.block_stride, r.page_bytes, r.num_blocks)
+                             for r in regions.regions]
         # Per layer: (device base address, block stride, host base address, page bytes) when both sides are host
         # memory, so a run's pieces are plain address arithmetic; None when torch must copy (device memory).
         self._addresses = [
             (dev.data_ptr(), dev.stride(0), host.data_ptr(), r.page_bytes)
             if dev.device.type == "cpu" and host.device.type == "cpu" else None
-            for r, dev, host in zip(self.regions.regions, self.device_views, self.host, strict=True)
+            for r, dev, host in zip(regions.regions, self.device_views, self.host, strict=True)
         ]
 
     @property
@@ -73,6 +98,8 @@ class HostTier:
         return self._move(blocks, slots, to_host=False)
 
     def _move(self, blocks: Sequence[int], slots: Sequence[int], *, to_host: bool) -> int:
+        if not self.bound:
+            raise RuntimeError("the host tier's KV memory was released (asleep); register the KV caches first")
         moved = 0
         jobs: list[tuple[int, int, int]] = []
         for run in coalesce_runs(blocks, slots):

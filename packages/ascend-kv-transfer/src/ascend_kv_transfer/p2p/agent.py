@@ -1,9 +1,14 @@
 """The transfer agent behind the P2P connector, free of vLLM so benchmarks and tests can drive it with plain tensors.
 
 A producer (prefill) agent registers its KV memory, serves its metadata over the side channel and holds blocks per
-transfer until the consumer reports DONE or `abort_timeout_s` passes. A consumer (decode) agent handshakes (checking
-geometry), claims the transfer (the prefill side then keeps the blocks while the pull runs), reads the blocks with
-batched reads of coalesced runs, and sends DONE.
+transfer until the consumer reports DONE or `abort_timeout_s` passes; a claim for a transfer not held yet is parked
+(`handoff.PARK_S`). A consumer (decode) agent runs the hand-off protocol of `p2p.handoff` (handshake with the
+geometry check, claim, not-ready back-off, batched reads of coalesced runs, DONE or release); `pull` runs it to the
+end for callers without an engine, through the same driver an engine uses (`p2p.step_driver`).
+
+Registering again (the KV memory moved, e.g. after sleep/wake) replaces the registration and bumps the epoch that
+metadata and claims carry, so peers holding the old addresses handshake again; held transfers are freed, since
+their bytes went with the old memory.
 """
 
 from __future__ import annotations
@@ -11,21 +16,21 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from ascend_kv_transfer.kv_regions import KVRegions
 from ascend_kv_transfer.options import MooncakeOptions
 from ascend_kv_transfer.p2p import schema
 from ascend_kv_transfer.p2p.geometry import check_geometry, match_regions
+from ascend_kv_transfer.p2p.handoff import PARK_S, PullHandoff, PullResult
 from ascend_kv_transfer.p2p.plan import Entries, build_entries, coalesce_runs
 from ascend_kv_transfer.p2p.side_channel import Deferred, SideChannelClient, SideChannelServer
+from ascend_kv_transfer.p2p.step_driver import StepDriver
 from ascend_kv_transfer.p2p.transfer_engine import TransferEngineHandle
 
 logger = logging.getLogger(__name__)
 
-# A claim for a transfer this prefill has not held yet waits here this long before hearing NOT_READY (and retrying):
-# well under any side-channel timeout, long enough to cover the engine step that delivers the hold.
-_CLAIM_PARK_S = 0.25
 # Remember this many expired transfer ids so a late claim hears "expired" rather than "unknown".
 _EXPIRED_MEMORY = 4096
 
@@ -36,18 +41,6 @@ class HeldTransfer:
     block_ids: list[list[int]]
     deadline: float
     claimed: bool = False
-
-
-@dataclass
-class PullResult:
-    transfer_id: str
-    ok: bool
-    blocks: int = 0
-    nbytes: int = 0
-    entries: int = 0
-    calls: int = 0
-    seconds: float = 0.0
-    error: str | None = None
 
 
 @dataclass
@@ -85,11 +78,29 @@ class MooncakeAgent:
         self._server: SideChannelServer | None = None
         self._client: SideChannelClient | None = None
         self._peers: dict[tuple[str, int], schema.AgentMetadata] = {}
+        self._blocking: StepDriver | None = None
+        self._read_pool: ThreadPoolExecutor | None = None
+        # Registrations so far: metadata and claims carry it, so a peer notices the memory moved.
+        self.epoch = 0
 
     # ---- both roles -------------------------------------------------------------------------------------------
     def register(self, kv: KVRegions) -> None:
+        """Register the KV memory; again when it moved (the old spans are unregistered, held transfers freed)."""
         self.engine.register(kv.storages)
-        self.kv = kv
+        with self._lock:
+            moved = self.epoch > 0
+            self.kv = kv
+            self.epoch += 1
+            if moved:
+                self._forget_held(f"its KV memory was re-registered (epoch {self.epoch})")
+
+    def unregister(self) -> None:
+        """The KV memory is about to be freed (sleep): drop it from Mooncake and free the held transfers. Until the
+        next `register`, handshakes are refused and claims hear EXPIRED. Idempotent."""
+        self.engine.register([])
+        with self._lock:
+            self.kv = None
+            self._forget_held("its KV memory was released")
 
     def metadata(self) -> schema.AgentMetadata:
         if self.kv is None:
@@ -97,9 +108,15 @@ class MooncakeAgent:
         tp, pp, pcp = self.ranks
         return schema.AgentMetadata(engine_id=self.engine_id, host=self.engine.host, rpc_port=self.engine.rpc_port,
                                     geometry=self.geometry, regions=list(self.kv.regions), tp_rank=tp, pp_rank=pp,
-                                    pcp_rank=pcp)
+                                    pcp_rank=pcp, epoch=self.epoch)
 
     def close(self) -> None:
+        if self._blocking is not None:
+            self._blocking.close()
+            self._blocking = None
+        if self._read_pool is not None:
+            self._read_pool.shutdown(wait=True)
+            self._read_pool = None
         if self._server is not None:
             self._server.close()
             self._server = None
@@ -146,6 +163,16 @@ class MooncakeAgent:
         with self._lock:
             return len(self._held)
 
+    def _forget_held(self, why: str) -> None:
+        """Free every held transfer (caller holds the lock): a claim for one hears EXPIRED and recomputes."""
+        for transfer_id, held in self._held.items():
+            self._remember_expired(transfer_id)
+            self._finished_sends.add(held.req_id)
+            self.stats.released_expired += 1
+        if self._held:
+            logger.warning("freed %d held transfer(s): %s", len(self._held), why)
+        self._held.clear()
+
     def _remember_expired(self, transfer_id: str) -> None:
         self._expired[transfer_id] = None
         while len(self._expired) > _EXPIRED_MEMORY:
@@ -161,11 +188,11 @@ class MooncakeAgent:
                     if message.transfer_id in self._expired:
                         return schema.ClaimResponse(status=schema.ClaimStatus.EXPIRED)
                     # Usually the hold is one engine step away: answer the moment it lands, not on a retry.
-                    return Deferred(_CLAIM_PARK_S, schema.ClaimResponse(status=schema.ClaimStatus.NOT_READY))
+                    return Deferred(PARK_S, schema.ClaimResponse(status=schema.ClaimStatus.NOT_READY))
                 held.claimed = True
                 # The pull is under way: give it a full timeout from now.
                 held.deadline = time.monotonic() + self.options.abort_timeout_s
-                return schema.ClaimResponse(status=schema.ClaimStatus.OK, block_ids=held.block_ids)
+                return schema.ClaimResponse(status=schema.ClaimStatus.OK, block_ids=held.block_ids, epoch=self.epoch)
         if isinstance(message, schema.DoneNotice):
             with self._lock:
                 held = self._held.pop(message.transfer_id, None)
@@ -207,60 +234,21 @@ class MooncakeAgent:
     def pull(self, address: tuple[str, int], transfer_id: str, local_block_ids: list[list[int]]) -> PullResult:
         """Fetch the transfer's blocks into `local_block_ids` (per group; the tail of the peer's blocks), blocking.
 
-        For tools, benchmarks and tests; a decode engine pulls through `p2p.step_pulls`, which never blocks.
+        For tools and benchmarks: the hand-off protocol and the driver a decode engine runs step by step
+        (`p2p.step_driver`), driven here to the end in a bounded loop.
         """
-        start = time.perf_counter()
-        result = PullResult(transfer_id, ok=False)
-        claimed = False
-        try:
-            if self.kv is None:
-                raise RuntimeError("register() the KV caches before pulling")
-            meta = self.peer_metadata(address)
-            remote_ids = self._claim(address, transfer_id)
-            claimed = True
-            entries = self.plan(meta, local_block_ids, remote_ids)
-            result.calls = self.engine.read(f"{meta.host}:{meta.rpc_port}", entries)
-            result.entries = len(entries)
-            result.nbytes = entries.nbytes
-            result.blocks = sum(len(ids) for ids in local_block_ids)
-            result.ok = True
-            self._side_channel().request(address, schema.DoneNotice(transfer_id=transfer_id, ok=True))
-        except Exception as e:
-            if result.ok:  # only the DONE notice failed: the blocks landed; the prefill side frees them on timeout
-                logger.warning("DONE for transfer %s not delivered: %s", transfer_id, e)
-            else:
-                result.error = f"{type(e).__name__}: {e}"
-                self.forget_peer(address)
-                if claimed or not isinstance(e, TimeoutError):
-                    self.release(address, transfer_id)
-        result.seconds = time.perf_counter() - start
-        self.record(result)
-        return result
-
-    def release(self, address: tuple[str, int], transfer_id: str) -> None:
-        """Tell the prefill side we will not pull (best effort, bounded by the side-channel timeout)."""
-        try:
-            self._side_channel().request(address, schema.DoneNotice(transfer_id=transfer_id, ok=False))
-        except Exception as e:
-            logger.warning("could not release transfer %s at %s: %s", transfer_id, address, e)
-
-    def _claim(self, address: tuple[str, int], transfer_id: str) -> list[list[int]]:
-        deadline = time.monotonic() + self.options.claim_wait_s
-        delay = 0.001
-        while True:
-            reply = self._side_channel().request(address, schema.ClaimRequest(transfer_id=transfer_id,
-                                                                              requester=self.engine_id))
-            if not isinstance(reply, schema.ClaimResponse):
-                raise RuntimeError(f"peer {address} answered a claim with {type(reply).__name__}")
-            if reply.status == schema.ClaimStatus.OK:
-                return reply.block_ids
-            if reply.status != schema.ClaimStatus.NOT_READY:
-                raise RuntimeError(f"transfer {transfer_id!r} at {address}: {reply.status.name.lower()} "
-                                   "(its blocks were freed, e.g. after abort_timeout_s)")
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"transfer {transfer_id!r} unknown at {address} after {self.options.claim_wait_s} s")
-            time.sleep(delay)
-            delay = min(delay * 2, 0.05)
+        if self.kv is None:
+            raise RuntimeError("register() the KV caches before pulling")
+        if self._blocking is None:
+            self._read_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ascend-kv-pull")
+            self._blocking = StepDriver(self, lambda handoff, result: None, self._read_pool,
+                                        inline_read_max_bytes=self.options.inline_read_max_bytes)
+        options = self.options
+        handoff = PullHandoff(req_id=transfer_id, transfer_id=transfer_id, address=address,
+                              local_block_ids=local_block_ids, first_block=0,
+                              deadline=time.monotonic() + options.claim_wait_s, wait_s=options.claim_wait_s)
+        return self._blocking.run_blocking(handoff, bound_s=options.claim_wait_s + 4 * options.handshake_timeout_s
+                                           + options.abort_timeout_s)
 
     def plan(self, meta: schema.AgentMetadata, local: list[list[int]], remote: list[list[int]]) -> Entries:
         assert self.kv is not None

@@ -1,15 +1,21 @@
 """Scheduler and worker halves of the layerwise connector, built on the P2P halves.
 
 The prefill scheduler additionally tells its worker, every step, which block positions of each handed-off request
-that step computes; the worker pushes them layer by layer from `save_kv_layer`. The decode worker waits for the
-push instead of pulling.
+that step computes; the worker queues their writes layer by layer from `save_kv_layer` (sent by the decode peer's
+writer thread once the layer's KV is written; the forward pass never waits). The decode worker runs a push hand-off
+(`handoff.PushHandoff`) on the engine's own calls instead of pulling, so no request's wait holds another's.
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Any
 
+import torch
+
+from ascend_kv_transfer.p2p.handoff import Handoff, PushHandoff
+from ascend_kv_transfer.p2p.layer_written import kv_written_on
 from ascend_kv_transfer.p2p.layerwise_agent import LayerwiseAgent
 from ascend_kv_transfer.p2p.scheduler_side import P2PScheduler, P2PStep, RecvJob
 from ascend_kv_transfer.p2p.worker_side import P2PWorker
@@ -61,51 +67,66 @@ class LayerwiseScheduler(P2PScheduler):
 
 
 class LayerwiseWorker(P2PWorker):
+    """The pushes of a step come from the step's metadata as the forward pass sees it: vLLM binds the metadata
+    before the forward but calls `start_load_kv` after it when the step loads nothing synchronously, so per-step
+    state set there would arrive one forward too late."""
+
     agent_cls = LayerwiseAgent
 
     def __init__(self, **kwargs):
         super().__init__(**kwargs)
-        self._pushes: dict[str, PushPlan] = {}
+        self._step: P2PStep | None = None
         self._pushed_layers: set[str] = set()
+        self._device: torch.device | None = None
+        self.layers_saved = 0
+        self.layers_saved_late = 0
+
+    def register_kv_caches(self, kv_caches: dict[str, Any]) -> None:
+        super().register_kv_caches(kv_caches)
+        self._device = next((t.device for name, t in kv_caches.items() if name in self.layer_groups), None)
 
     def start_step(self, step: P2PStep) -> None:
         assert isinstance(self.agent, LayerwiseAgent)
-        self._pushes = dict(getattr(step, "pushes", None) or {})
-        self._pushed_layers = set()
         super().start_step(step)
-        for req_id, job in step.send.items():
-            del req_id
+        for job in step.send.values():
             self.agent.finish(job.transfer_id, job.block_ids)
 
-    def save_layer(self, layer: str) -> None:
-        assert isinstance(self.agent, LayerwiseAgent)
-        if layer not in self.layer_groups:
-            return
-        self._pushed_layers.add(layer)
-        for plan in self._pushes.values():
-            self.agent.push_layer(plan.transfer_id, layer, plan.block_ids, plan.lo, plan.hi)
+    def save_layer(self, layer: str, kv_layer: torch.Tensor | None, step: P2PStep) -> None:
+        """From `save_kv_layer`, right after the layer's attention queued its cache write: queue its pushes."""
+        if self._queue_layer(layer, kv_layer.device if kv_layer is not None else self._device, step):
+            self.layers_saved += 1
 
-    def end_step(self) -> None:
-        """Layers `save_kv_layer` was not called for this step (e.g. a backend outside the hook) go out now."""
+    def end_step(self, step: P2PStep) -> None:
+        """From `wait_for_save`: layers `save_kv_layer` was not called for (a backend outside the hook) go out now."""
         for layer in self.layer_groups:
-            if layer not in self._pushed_layers and self._pushes:
-                self.save_layer(layer)
-        self._pushes = {}
+            if self._queue_layer(layer, self._device, step):
+                self.layers_saved_late += 1
+        self._step = None
 
-    def _receive(self, req_id: str, job: RecvJob, address: tuple[str, int]) -> None:
-        # The push arrives whenever the prefill computes each layer: the wait belongs on a thread.
-        assert self._pool is not None
-        self._pool.submit(self._await_push, req_id, job, address)
-
-    def _await_push(self, req_id: str, job: RecvJob, address: tuple[str, int]) -> None:
+    def _queue_layer(self, layer: str, device: torch.device | None, step: P2PStep) -> bool:
         assert isinstance(self.agent, LayerwiseAgent)
-        if not any(job.local_block_ids):
-            self.agent.release(address, job.transfer_id)
-            return
-        result = self.agent.await_push(address, job.transfer_id, job.local_block_ids, job.first_block)
-        self._results.put((req_id, job, result))
+        if step is not self._step:
+            self._step, self._pushed_layers = step, set()
+        pushes = getattr(step, "pushes", None)
+        if layer not in self.layer_groups or layer in self._pushed_layers or not pushes:
+            return False
+        self._pushed_layers.add(layer)
+        written = kv_written_on(device)
+        for plan in pushes.values():
+            self.agent.push_layer(plan.transfer_id, layer, plan.block_ids, plan.lo, plan.hi, written)
+        return True
+
+    def _handoff(self, req_id: str, job: RecvJob, address: tuple[str, int]) -> Handoff:
+        # The prefill pushes whenever it computes the request: wait up to the prefill's own hold bound.
+        wait_s = self.options.abort_timeout_s
+        return PushHandoff(req_id=req_id, transfer_id=job.transfer_id, address=address,
+                           local_block_ids=job.local_block_ids, first_block=job.first_block,
+                           deadline=time.monotonic() + wait_s, wait_s=wait_s)
 
     def stats(self) -> dict[str, Any]:
         assert isinstance(self.agent, LayerwiseAgent)
         return super().stats() | {"layer_pushes": self.agent.layer_pushes, "bulk_pushes": self.agent.bulk_pushes,
+                                  "layers_saved_in_forward": self.layers_saved,
+                                  "layers_saved_after_forward": self.layers_saved_late,
+                                  "push_writes_queued": self.agent.writes_queued(),
                                   "push_destinations": self.agent.known_destinations()}

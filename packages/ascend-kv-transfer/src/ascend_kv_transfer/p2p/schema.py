@@ -10,7 +10,8 @@ import enum
 
 import msgspec
 
-SCHEMA_VERSION = 1
+# 2: the registration epoch in AgentMetadata and ClaimResponse (KV memory re-registered after sleep/wake).
+SCHEMA_VERSION = 2
 
 
 class LayerRegion(msgspec.Struct, frozen=True):
@@ -50,6 +51,9 @@ class AgentMetadata(msgspec.Struct, frozen=True):
     tp_rank: int = 0
     pp_rank: int = 0
     pcp_rank: int = 0
+    # Bumped each time the agent re-registers its KV memory (new addresses after sleep/wake): a peer holding
+    # metadata of an older epoch must handshake again before it reads.
+    epoch: int = 0
 
 
 class ClaimStatus(enum.IntEnum):
@@ -81,6 +85,8 @@ class ClaimResponse(Message, tag="claim_response"):
     status: ClaimStatus = ClaimStatus.UNKNOWN
     # One list of block ids per KV cache group, in the prefill engine's numbering.
     block_ids: list[list[int]] = msgspec.field(default_factory=list)
+    # The prefill's registration epoch: block ids are addresses only under the metadata of this epoch.
+    epoch: int = 0
 
 
 class DoneNotice(Message, tag="done"):
@@ -106,6 +112,7 @@ class PushRequest(Message, tag="push_request"):
 
 
 class TransferState(enum.IntEnum):
+    # Not all layers written yet: the layerwise protocol's "not ready" (ask again).
     PENDING = 0
     DONE = 1
     FAILED = 2

@@ -225,6 +225,18 @@ class AsyncSideChannelClient:
     def in_flight(self) -> int:
         return sum(len(q) for q in self._inflight.values())
 
+    def wait(self, timeout_s: float) -> None:
+        """Sleep until an answer may have arrived on any socket, at most `timeout_s` (for blocking callers)."""
+        if timeout_s <= 0:
+            return
+        if not self._socks:
+            time.sleep(timeout_s)
+            return
+        poller = zmq.Poller()
+        for sock in self._socks.values():
+            poller.register(sock, zmq.POLLIN)
+        poller.poll(timeout_s * 1000)
+
     def poll(self) -> None:
         """Take every answer that has arrived; fail what waited past the timeout."""
         now = time.monotonic()

@@ -1,4 +1,5 @@
-"""A thin owner of one Mooncake `TransferEngine`: lazy import, one registration per storage, chunked batch reads.
+"""A thin owner of one Mooncake `TransferEngine`: lazy import, one registration per span (re-registered when the KV
+memory moves), chunked batch transfers.
 
 A batch that fails marks its peer broken: Mooncake's TCP transport poisons the peer after an over-full queue, so
 every later transfer would fail too; callers get `BrokenPeerError` at once instead of a blind retry.
@@ -55,9 +56,17 @@ class TransferEngineHandle:
         return f"{self.host}:{self.rpc_port}"
 
     def register(self, storages: list[Storage]) -> None:
-        """Register each storage once (the caller has already deduplicated views by storage)."""
-        known = {s.addr for s in self._registered}
-        new = [s for s in storages if s.addr not in known]
+        """Make `storages` exactly what is registered: new spans are registered, spans no longer listed (KV memory
+        that was freed and re-allocated elsewhere, e.g. after sleep/wake) are unregistered first."""
+        wanted = {(s.addr, s.nbytes) for s in storages}
+        stale = [s for s in self._registered if (s.addr, s.nbytes) not in wanted]
+        if stale:
+            ret = self.engine.batch_unregister_memory([s.addr for s in stale])
+            if ret != 0:
+                raise RuntimeError(f"Mooncake batch_unregister_memory of {len(stale)} stale spans returned {ret}")
+            self._registered = [s for s in self._registered if (s.addr, s.nbytes) in wanted]
+        known = {(s.addr, s.nbytes) for s in self._registered}
+        new = [s for s in storages if (s.addr, s.nbytes) not in known]
         if not new:
             return
         ret = self.engine.batch_register_memory([s.addr for s in new], [s.nbytes for s in new])
@@ -65,6 +74,10 @@ class TransferEngineHandle:
             raise RuntimeError(f"Mooncake batch_register_memory of {len(new)} storages "
                                f"({sum(s.nbytes for s in new)} B) returned {ret}")
         self._registered.extend(new)
+
+    @property
+    def registered(self) -> list[Storage]:
+        return list(self._registered)
 
     def broken_reason(self, peer: str) -> str | None:
         return self._broken.get(peer)

@@ -1,25 +1,28 @@
 """Worker half of the P2P connector: registers the KV memory, holds blocks (prefill), pulls them (decode).
 
-Pulls advance on the engine's own calls (`p2p.step_pulls`); results are handed back through `get_finished`.
+Hand-offs advance on the engine's own calls (`p2p.step_driver`); results are handed back through `get_finished`.
 A failed pull still reports the request as finished receiving, and its blocks as load errors, so vLLM recomputes
-the prompt instead of decoding from garbage.
+the prompt instead of decoding from garbage. `register_kv_caches` called again means the KV memory moved (the
+Ascend platform re-allocates it on wake-up): the registration follows it and hand-offs into the old memory fail.
 """
 
 from __future__ import annotations
 
 import logging
 import queue
+import time
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from ascend_kv_transfer.kv_regions import describe_kv_caches
+from ascend_kv_transfer.kv_regions import KVRegions, describe_kv_caches
 from ascend_kv_transfer.options import MooncakeOptions
-from ascend_kv_transfer.p2p.agent import MooncakeAgent, PullResult
+from ascend_kv_transfer.p2p.agent import MooncakeAgent
+from ascend_kv_transfer.p2p.handoff import Handoff, PullHandoff, PullResult
 from ascend_kv_transfer.p2p.ports import Ranks, worker_port
 from ascend_kv_transfer.p2p.scheduler_side import P2PStep, RecvJob
 from ascend_kv_transfer.p2p.schema import KVGeometry
-from ascend_kv_transfer.p2p.step_pulls import StepDrivenPulls
+from ascend_kv_transfer.p2p.step_driver import StepDriver
 
 logger = logging.getLogger(__name__)
 
@@ -42,26 +45,46 @@ class P2PWorker:
                                    pp_rank=ranks.pp_rank, pcp_rank=ranks.pcp_rank)
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ascend-kv-pull") if self.is_consumer \
             else None
-        self._results: queue.Queue[tuple[str, RecvJob, PullResult]] = queue.Queue()
-        self._pulls = StepDrivenPulls(self.agent, self._report, self._pool,
-                                      inline_read_max_bytes=options.inline_read_max_bytes) \
+        self._results: queue.Queue[tuple[str, list[list[int]], PullResult]] = queue.Queue()
+        self._driver = StepDriver(self.agent, self._report, self._pool,
+                                  inline_read_max_bytes=options.inline_read_max_bytes) \
             if self._pool is not None else None
+        self.registrations = 0
+        self._regions: KVRegions | None = None
         self._invalid_blocks: set[int] = set()
         self._failed_reqs: set[str] = set()
         # The most recent pulls per request, for stats and tests (bounded: engines run for weeks).
         self.pulled: OrderedDict[str, PullResult] = OrderedDict()
 
     def register_kv_caches(self, kv_caches: dict[str, Any]) -> None:
+        """At start-up, and again whenever the KV memory was re-allocated (the Ascend platform's wake-up)."""
         ours = {name: t for name, t in kv_caches.items() if name in self.layer_groups}
         missing = sorted(set(self.layer_groups) - set(ours))
         if missing:
             raise ValueError(f"register_kv_caches got no tensor for layers {missing[:4]} of the KV cache config")
         regions = describe_kv_caches(ours, self.num_blocks, self.layer_groups)
+        self._abandon_handoffs("the KV memory it was loading into was re-allocated")
         self.agent.register(regions)
-        if self.is_producer:
+        self._regions = regions
+        if self.is_producer and not self.registrations:
             self.agent.serve(worker_port(self.options.side_channel_port, self.ranks))
-        logger.info("registered %d KV layers in %d storage(s) with Mooncake at %s", len(regions.regions),
-                    len(regions.storages), self.agent.engine.segment)
+        self.registrations += 1
+        logger.info("registered %d KV layers in %d span(s) with Mooncake at %s (registration %d)",
+                    len(regions.regions), len(regions.storages), self.agent.engine.segment, self.registrations)
+
+    def unregister_kv_caches(self) -> None:
+        """Before the KV memory is freed (sleep): nothing may transfer into or out of it any more."""
+        self._abandon_handoffs("the KV memory it was loading into was released")
+        self.agent.unregister()
+
+    def restore_kv_caches(self) -> None:
+        """After a wake-up that kept the KV memory's addresses (vLLM's own sleep mode): register it again."""
+        if self.agent.kv is None and self._regions is not None:
+            self.agent.register(self._regions)
+
+    def _abandon_handoffs(self, reason: str) -> None:
+        if self._driver is not None and self._driver.waiting():
+            self._driver.abandon_all(reason)
 
     def start_step(self, step: P2PStep) -> None:
         for transfer_id in step.dropped_transfers:
@@ -73,25 +96,31 @@ class P2PWorker:
         for req_id, job in step.recv.items():
             assert self.is_consumer, "recv job on a worker that is not a KV consumer"
             self._receive(req_id, job, (job.address[0], job.address[1] + self.ranks.worker_offset))
-        if self._pulls is not None:
-            self._pulls.advance()
+        if self._driver is not None:
+            self._driver.advance()
 
     def _receive(self, req_id: str, job: RecvJob, address: tuple[str, int]) -> None:
-        assert self._pulls is not None
-        self._pulls.add(req_id, job, address)
+        assert self._driver is not None
+        self._driver.add(self._handoff(req_id, job, address))
 
-    def _report(self, req_id: str, job: RecvJob, result: PullResult) -> None:
-        self._results.put((req_id, job, result))
+    def _handoff(self, req_id: str, job: RecvJob, address: tuple[str, int]) -> Handoff:
+        wait_s = self.options.claim_wait_s
+        return PullHandoff(req_id=req_id, transfer_id=job.transfer_id, address=address,
+                           local_block_ids=job.local_block_ids, first_block=job.first_block,
+                           deadline=time.monotonic() + wait_s, wait_s=wait_s)
+
+    def _report(self, handoff: Handoff, result: PullResult) -> None:
+        self._results.put((handoff.req_id, handoff.local_block_ids, result))
 
     def get_finished(self) -> tuple[set[str], set[str]]:
-        if self._pulls is not None:
-            self._pulls.advance()
+        if self._driver is not None:
+            self._driver.advance()
         if self.is_producer:
             self.agent.serve_pending()
         recving: set[str] = set()
         while True:
             try:
-                req_id, job, result = self._results.get_nowait()
+                req_id, local_block_ids, result = self._results.get_nowait()
             except queue.Empty:
                 break
             recving.add(req_id)
@@ -102,7 +131,7 @@ class P2PWorker:
                 if self.num_groups > 1:  # block ids repeat across groups: report the request instead
                     self._failed_reqs.add(req_id)
                 else:
-                    self._invalid_blocks.update(b for ids in job.local_block_ids for b in ids)
+                    self._invalid_blocks.update(b for ids in local_block_ids for b in ids)
         sending = self.agent.take_finished_sends() if self.is_producer else set()
         return sending, recving
 
@@ -115,14 +144,18 @@ class P2PWorker:
         return invalid
 
     def stats(self) -> dict[str, Any]:
-        out = self.agent.stats.as_dict() | {"held_now": self.agent.num_held()}
-        if self._pulls is not None:
-            out |= {"inline_reads": self._pulls.inline_reads, "background_reads": self._pulls.background_reads}
+        out = self.agent.stats.as_dict() | {
+            "held_now": self.agent.num_held(), "registrations": self.registrations, "epoch": self.agent.epoch,
+            # What Mooncake has registered now, as [address, bytes] (the KV memory the transfers may touch).
+            "registered": [[s.addr, s.nbytes] for s in self.agent.engine.registered]}
+        if self._driver is not None:
+            out |= {"inline_reads": self._driver.inline_reads, "background_reads": self._driver.background_reads,
+                    "handoffs_waiting": self._driver.waiting()}
         return out
 
     def shutdown(self) -> None:
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)
-        if self._pulls is not None:
-            self._pulls.close()
+        if self._driver is not None:
+            self._driver.close()
         self.agent.close()

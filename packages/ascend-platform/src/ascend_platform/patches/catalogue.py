@@ -60,6 +60,18 @@ SIMULATED_TRITON_INTERPRET = REGISTRY.register(Patch(
     contract="triton.jit returns an InterpretedFunction when knobs.runtime.interpret is true at decoration time; "
              "vLLM's kernels are decorated when their modules import, after the platform is resolved.",
 ))
+SIMULATED_TRITON_LIBRARY_CALLS = REGISTRY.register(Patch(
+    name="simulated.triton_library_calls",
+    target="triton.runtime.jit:JITFunction.__call__",
+    reason=_TRITON_REASON + " This one lets interpreted kernels call Triton's own @jit library functions (tl.max, "
+           "tl.sum, ...) that were decorated before the interpreter was on in this process (Triton imports through "
+           "torch before any vLLM plugin runs); applied only in such a process, e.g. an engine without "
+           "multiprocessing.",
+    contract="the interpreter runs a kernel's device-function calls by calling the callee; a JITFunction's "
+             "__call__(*args, **kwargs) otherwise only raises outside a compiled kernel; JITFunction keeps the "
+             "decorated Python function as .fn.",
+))
+
 _CPU_FALLBACKS_REASON = (
     "vLLM-CPU's CpuPlatform.register_triton_kernel_overrides registers C++ fallbacks for the V1 runner's Triton "
     "kernels only when HAS_TRITON is false; in the simulated lane Triton is just its interpreter, so those fallbacks "

@@ -112,12 +112,13 @@ def register_for_lane() -> None:
 
     register_kernels({**_cpu_fallbacks(), **{s.kernel: _counted(s) for s in STAND_INS}})
     _registered = True
-    if not triton_interpreter.library_interpreted():
-        logger.warning("Triton's language library was imported before its interpreter was on in this process: "
-                       "vLLM kernels left to the interpreter that call tl.max/tl.sum will fail (vLLM-CPU spawns its "
-                       "workers, which avoids this; is VLLM_WORKER_MULTIPROC_METHOD forced to fork?)")
+    if not triton_interpreter.library_ready():
+        logger.warning("Triton's language library was imported before its interpreter was on in this process and "
+                       "the simulated.triton_library_calls patch is not in place: vLLM kernels left to the "
+                       "interpreter that call tl.max/tl.sum will fail")
     usage.note("triton", "interpreter")
-    usage.note("triton_library_interpreted", triton_interpreter.library_interpreted())
+    usage.note("triton_library", "interpreted" if triton_interpreter.library_interpreted() else
+               ("bridged" if triton_interpreter.library_ready() else "jit (unusable)"))
     usage.note("kernel_stand_ins", len(STAND_INS) + len(BLOCK_TABLE_KERNELS))
     logger.info("simulated lane: Triton runs in its interpreter; %d MRV2 kernels replaced by torch/ascend_kernels",
                 len(STAND_INS) + len(BLOCK_TABLE_KERNELS))

@@ -14,9 +14,11 @@ vLLM module decorates a kernel. Both changes go through the registered patches `
 compiled launch: only the interpreter runs kernels here.
 
 Triton's own library (`tl.max`, `tl.sum`, ... are `@jit` functions) is decorated when `triton.language` first
-imports, which in the process that starts vLLM happens (through torch) before any plugin runs. The knob also
-exports TRITON_INTERPRET=1, and vLLM-CPU starts its engine and worker processes with `spawn`, so the processes that
-run kernels import Triton with the interpreter already on; `library_interpreted()` tells whether this one did.
+imports, which in the process that starts vLLM happens (through torch) before any plugin runs; an interpreted kernel
+calling such a `JITFunction` stops with "Cannot call @triton.jit'd outside of the scope of a kernel". Processes
+vLLM-CPU spawns inherit TRITON_INTERPRET=1 (the knob exports it) and decorate the library interpreted; where the
+engine runs in the process that resolved the platform (VLLM_ENABLE_V1_MULTIPROCESSING=0, one worker), `enable()`
+also applies `simulated.triton_library_calls`: such a call runs the library function in the interpreter.
 """
 
 from __future__ import annotations
@@ -75,7 +77,25 @@ def enable() -> TritonLaneStatus:
     _, interpret = REGISTRY.resolve("simulated.triton_interpret")
     if not interpret:
         REGISTRY.apply("simulated.triton_interpret", True)
+    if not library_interpreted():
+        _, call = REGISTRY.resolve("simulated.triton_library_calls")
+        if call is not _call_interpreted:
+            REGISTRY.apply("simulated.triton_library_calls", _call_interpreted)
     return lane
+
+
+_TWINS: dict[int, Any] = {}
+
+
+def _call_interpreted(self: Any, *args: Any, **kwargs: Any) -> Any:
+    """`JITFunction.__call__` in the simulated lane: an interpreted kernel's call into a library function that was
+    decorated before the interpreter was on runs that function interpreted (vLLM never calls one outside a kernel)."""
+    twin = _TWINS.get(id(self))
+    if twin is None:
+        from triton.runtime.interpreter import InterpretedFunction
+
+        twin = _TWINS[id(self)] = InterpretedFunction(self.fn)
+    return twin(*args, **kwargs)
 
 
 def enabled() -> bool:
@@ -85,6 +105,15 @@ def enabled() -> bool:
     backends = getattr(sys.modules.get("triton.backends"), "backends", {})
     entry = backends.get(BACKEND_NAME)
     return entry is not None and entry.driver is InterpreterDriver
+
+
+def library_ready() -> bool:
+    """Whether interpreted kernels can call Triton's language library in this process."""
+    import sys
+
+    jit = sys.modules.get("triton.runtime.jit")
+    patched = jit is not None and vars(jit.JITFunction).get("__call__") is _call_interpreted
+    return library_interpreted() or patched
 
 
 def library_interpreted() -> bool:

@@ -2,7 +2,9 @@
 
 Both runners end up here: V1 from `initialize_kv_cache_tensors`, MRV2 through the `mrv2.init_kv_cache` patch. vLLM's
 layers get the raw per-layer tensors (`as_vllm_kv_caches()`, what KV connectors register); our attention impls get
-the typed key/value views.
+the typed key/value views. Sleep mode frees the KV cache and wake-up allocates a new one at other addresses (vLLM's
+own sleep keeps them): the KV connector drops its registrations before the release and registers the new tensors
+after the re-allocation, or its transfers would touch freed memory.
 """
 
 from __future__ import annotations
@@ -87,3 +89,23 @@ def unbind_ascend_impls(forward_context: Mapping[str, Any]) -> None:
             impl.bind_ascend_kv(None)
         if hasattr(layer, "kv_cache") and isinstance(layer.kv_cache, torch.Tensor):
             layer.kv_cache = torch.tensor([])
+
+
+def connector_release_kv() -> None:
+    """Before the KV memory is freed: the KV connector drops its registrations (vLLM 0.33's sleep hook
+    `unregister_kv_caches`; a connector without it, e.g. on an older vLLM, has nothing to drop here)."""
+    from vllm.distributed.kv_transfer import get_kv_transfer_group, has_kv_transfer_group
+
+    if has_kv_transfer_group():
+        unregister = getattr(get_kv_transfer_group(), "unregister_kv_caches", None)
+        if unregister is not None:
+            unregister()
+
+
+def connector_register_kv(kv_caches: Mapping[str, torch.Tensor]) -> None:
+    """After a re-allocation: the KV connector registers the new tensors (the same call vLLM makes at start-up)."""
+    from vllm.distributed.kv_transfer import get_kv_transfer_group, has_kv_transfer_group
+
+    if has_kv_transfer_group():
+        get_kv_transfer_group().register_kv_caches(dict(kv_caches))
+        usage.count("kv_connector.reregistered")

@@ -38,12 +38,14 @@ class AscendRunnerV1Mixin:
         return kv_caches
 
     def release_kv_cache(self) -> None:
+        kv_binding.connector_release_kv()
         kv_binding.unbind_ascend_impls(self.compilation_config.static_forward_context)
         self.kv_caches.clear()
         self.ascend_kv = None
 
     def reallocate_kv_cache(self) -> None:
-        self.initialize_kv_cache_tensors(self.kv_cache_config, self._kernel_block_sizes)
+        kv_caches = self.initialize_kv_cache_tensors(self.kv_cache_config, self._kernel_block_sizes)
+        kv_binding.connector_register_kv(kv_caches)
 
 
 class SimulatedModelRunnerV1(AscendRunnerV1Mixin, CPUModelRunner):

@@ -60,6 +60,7 @@ class AscendRunnerV2Mixin:
         return kv_caches
 
     def release_kv_cache(self) -> None:
+        kv_binding.connector_release_kv()
         kv_binding.unbind_ascend_impls(self.compilation_config.static_forward_context)
         self.kv_caches = []
         self.ascend_kv = None
@@ -70,6 +71,7 @@ class AscendRunnerV2Mixin:
                                              self._ascend_kernel_block_sizes)
         kv_caches = self._bind(forward_context, self.kv_cache_config, self.vllm_config)
         self.kv_caches = [c for c in kv_caches.values() if c.device == self.device]
+        kv_binding.connector_register_kv(kv_caches)
 
 
 class SimulatedModelRunnerV2(AscendRunnerV2Mixin, CPUModelRunnerV2):

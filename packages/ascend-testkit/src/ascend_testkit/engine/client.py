@@ -238,7 +238,8 @@ class EngineHost:
         for stream in (self.proc.stdin, self.proc.stdout):
             if stream is not None and not stream.closed:
                 stream.close()
-        self._log.close()
+        if not self._log.closed:
+            self._log.close()
 
     def __enter__(self) -> EngineHost:
         return self

@@ -23,7 +23,9 @@ def prepare_pos_seq_lens(pos_ptr, seq_lens_ptr, idx_mapping_ptr, query_start_loc
     seq_lens[:nr] = (computed + lens).to(seq_lens.dtype)
     seq_lens[nr:max_num_reqs] = 0
     n = int(qsl[nr]) if nr else 0
-    if n:
+    if n == nr:  # one token per request (decode): its position is its computed length
+        flat(pos_ptr)[:n] = computed.to(pos_ptr.dtype)
+    elif n:
         seg, offset = rows_of(lens, n)
         flat(pos_ptr)[:n] = (computed[seg] + offset).to(pos_ptr.dtype)
 
@@ -43,8 +45,11 @@ def combine_sampled_and_draft_tokens(input_ids_ptr, idx_mapping_ptr, last_sample
     query_end = query_start_loc_ptr[1 : nr + 1].long()
     logits_start = query_end - num_logits
     total = logits_indices_ptr.shape[0]
-    seg, offset = rows_of(num_logits, total)
-    logits_indices_ptr.copy_(logits_start[seg] + offset)
+    if total == nr:  # one logit per request: its last query token
+        logits_indices_ptr.copy_(logits_start)
+    else:
+        seg, offset = rows_of(num_logits, total)
+        logits_indices_ptr.copy_(logits_start[seg] + offset)
 
     seq_len = seq_lens_ptr[:nr].long()
     prefill_len = flat(prefill_len_ptr)[reqs].long()
@@ -83,36 +88,40 @@ def post_update(idx_mapping_ptr, num_computed_tokens_ptr, last_sampled_tokens_pt
     """`_post_update_kernel`: append the sampled tokens to each request's history (and penalty counts), advance
     total_len, last_sampled_tokens and num_computed_tokens; rows with a negative request index are skipped."""
     nr = idx_mapping_ptr.shape[0]
-    keep = (idx_mapping_ptr >= 0).nonzero().view(-1)
-    if keep.numel() == 0:
+    if nr == 0:
         return
-    reqs = idx_mapping_ptr.long()[keep]
-    num_sampled = num_sampled_ptr[:nr].long()[keep]
-    total_len = flat(total_len_ptr)
-    start = total_len[reqs].long()
-    sampled = sampled_tokens_ptr.view(sampled_tokens_ptr.shape[0], -1)[keep]
-    has = (num_sampled > 0).nonzero().view(-1)
-    if has.numel():
-        last = sampled[has, num_sampled[has] - 1]
-        flat(last_sampled_tokens_ptr)[reqs[has]] = last.to(last_sampled_tokens_ptr.dtype)
-        n = int(num_sampled.sum())
-        seg, offset = rows_of(num_sampled, n)
-        tokens = sampled[seg, offset]
-        history = flat(all_token_ids_ptr)
-        history[reqs[seg] * all_token_ids_stride + start[seg] + offset] = tokens.to(history.dtype)
-        if output_bin_counts_ptr is not None:
-            counts = flat(output_bin_counts_ptr)
-            counts.index_put_((reqs[seg] * output_bin_counts_stride + tokens,),
-                              torch.ones_like(tokens, dtype=counts.dtype), accumulate=True)
-        total_len[reqs] = (start + num_sampled).to(total_len.dtype)
+    reqs, num_sampled = idx_mapping_ptr.long(), num_sampled_ptr[:nr].long()
+    sampled = sampled_tokens_ptr.reshape(sampled_tokens_ptr.shape[0], -1)[:nr]
+    num_rejected = num_rejected_ptr[:nr].long()
     if query_start_loc_ptr is None:
         query_len = torch.zeros_like(num_sampled)
     else:
         qsl = query_start_loc_ptr[: nr + 1].long()
-        query_len = (qsl[1:] - qsl[:-1])[keep]
-    delta = query_len - num_rejected_ptr[:nr].long()[keep]
+        query_len = qsl[1:] - qsl[:-1]
+    if not bool((reqs >= 0).all()):
+        keep = (reqs >= 0).nonzero().view(-1)
+        reqs, num_sampled, sampled = reqs[keep], num_sampled[keep], sampled[keep]
+        num_rejected, query_len = num_rejected[keep], query_len[keep]
+    total_len = flat(total_len_ptr)
+    start = total_len[reqs].long()
+    has = (num_sampled > 0).nonzero().view(-1)
+    if has.numel():
+        rows, counts = reqs[has], num_sampled[has]
+        flat(last_sampled_tokens_ptr)[rows] = sampled[has, counts - 1].to(last_sampled_tokens_ptr.dtype)
+        if sampled.shape[1] == 1:  # no drafts: one token per row
+            owner, tokens, slot = rows, sampled[has, 0], start[has]
+        else:
+            seg, offset = rows_of(counts, int(counts.sum()))
+            owner, tokens, slot = rows[seg], sampled[has[seg], offset], start[has][seg] + offset
+        history = flat(all_token_ids_ptr)
+        history[owner * all_token_ids_stride + slot] = tokens.to(history.dtype)
+        if output_bin_counts_ptr is not None:
+            bins = flat(output_bin_counts_ptr)
+            bins.index_put_((owner * output_bin_counts_stride + tokens,), torch.ones_like(tokens, dtype=bins.dtype),
+                            accumulate=True)
+        total_len[rows] = (start[has] + counts).to(total_len.dtype)
     computed = flat(num_computed_tokens_ptr)
-    computed.index_add_(0, reqs, delta.to(computed.dtype))
+    computed.index_add_(0, reqs, (query_len - num_rejected).to(computed.dtype))
 
 
 def post_update_num_computed_tokens(idx_mapping_ptr, num_computed_tokens_ptr, query_start_loc_ptr, **_launch):
