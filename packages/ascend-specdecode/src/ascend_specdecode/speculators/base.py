@@ -54,10 +54,9 @@ class AscendSpeculatorMixin:
         parent_propose = super().propose  # type: ignore[misc]
         forwarded = forward_dp_argument(dp_value, parent_propose)
         kwargs.update(forwarded)
-        if not kwargs.get("dummy_run", False):
-            self.ascend_counts["propose"] += 1
-            for name, value in forwarded.items():
-                self.ascend_counts[f"dp:{name}={'none' if value is None else type(value).__name__}"] += 1
+        self.ascend_counts["dummy_propose" if kwargs.get("dummy_run", False) else "propose"] += 1
+        for name, value in forwarded.items():
+            self.ascend_counts[f"dp:{name}={'none' if value is None else type(value).__name__}"] += 1
         return parent_propose(*args, **kwargs)
 
     def _build_attn_metadata(self, *args: Any, **kwargs: Any) -> dict[str, Any] | None:
