@@ -18,7 +18,6 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
-import numpy as np
 import torch
 from vllm.v1.worker.gpu.spec_decode.rejection_sampler import RejectionSampler
 
@@ -39,14 +38,15 @@ class AscendMRV2RejectionSampler(RejectionSampler):
     def ascend_counts(self) -> Counter[str]:
         return self.__dict__.setdefault("_ascend_counts", Counter())
 
-    def _all_greedy(self, idx_mapping_np: np.ndarray) -> bool:
+    def _all_greedy(self, idx_mapping_np: Any) -> bool:
+        # numpy arrays (MRV2's host-side state), used through their own methods: no numpy import needed here
         temperature = self.sampler.sampling_states.temperature.np[idx_mapping_np]
-        return bool(np.all(temperature == 0.0))
+        return bool((temperature == 0.0).all())
 
     def _verify(self, logits: torch.Tensor, draft_logits: torch.Tensor | None, draft_sampled: torch.Tensor,
-                pos: torch.Tensor, cu_num_logits: torch.Tensor, idx_mapping: torch.Tensor, idx_mapping_np: np.ndarray,
+                pos: torch.Tensor, cu_num_logits: torch.Tensor, idx_mapping: torch.Tensor, idx_mapping_np: Any,
                 expanded_idx_mapping: torch.Tensor, expanded_local_pos: torch.Tensor,
-                seq_lens_upper_bound_np: np.ndarray, verify_draft_sampled: torch.Tensor,
+                seq_lens_upper_bound_np: Any, verify_draft_sampled: torch.Tensor,
                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         if self.synthetic_conditional_rates is not None or not self._all_greedy(idx_mapping_np):
             self.ascend_counts["upstream_verifications"] += 1
