@@ -69,8 +69,9 @@ def host_pool(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def sim_host(host_pool):
-    """The simulated-NPU lane with Model Runner V2, vLLM's default runner there (engines one after another)."""
-    return host_pool.get("sim", lane="simulated", runner="v2")
+    """The simulated-NPU lane as a user starts it (VLLM_USE_V2_MODEL_RUNNER unset): vLLM picks Model Runner V2 there,
+    its default where Triton works (engines one after another)."""
+    return host_pool.get("sim", lane="simulated", runner=None)
 
 
 @pytest.fixture(scope="session")

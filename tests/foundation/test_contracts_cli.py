@@ -41,3 +41,50 @@ def test_every_vllm_symbol_our_sources_use_is_pinned():
     result = _json(out.stdout)
     assert set(result["usages"]) >= {"ascend_core", "ascend_platform", "ascend_vllm"}  # every package was read
     assert not any(result["unpinned"].values()), result["unpinned"]
+
+
+def _vllm_tree(root: Path, edit=lambda text: text) -> Path:
+    """A vLLM source folder holding the installed `vllm.v1.kv_cache_interface`, optionally edited (a 'release')."""
+    import vllm
+
+    installed = Path(vllm.__file__).parent
+    for rel in ("__init__.py", "v1/__init__.py"):
+        (root / "vllm" / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / "vllm" / rel).write_text((installed / rel).read_text())
+    module = "v1/kv_cache_interface.py"
+    (root / "vllm" / module).write_text(edit((installed / module).read_text()))
+    return root
+
+
+def test_drift_between_two_releases_names_the_removed_field_and_its_adapter(tmp_path):
+    old = _vllm_tree(tmp_path / "old")
+    new = _vllm_tree(tmp_path / "new", lambda text: text.replace("    host_resident: bool = False\n", "", 1))
+    pins = Path(__file__).resolve().parents[2] / "packages/ascend-core/src/ascend_core/upstream_pins.toml"
+    out = _run("check", "--pins", str(pins), "--baseline", str(old), "--vllm", str(new), "--json")
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]  # the one change is covered by an adapter
+    findings = _json(out.stdout)["findings"]
+    removed = [f for f in findings if f["symbol"] == "vllm.v1.kv_cache_interface.KVCacheTensor.host_resident"]
+    assert removed and removed[0]["severity"] == "P1" and "removed" in removed[0]["detail"], findings
+    assert removed[0]["covered_by"] == "ascend_core.upstream.make_kv_tensor"
+    assert all(f["symbol"].startswith("vllm.v1.kv_cache_interface.KVCacheTensor") for f in findings), findings
+
+
+def test_scan_suggest_drafts_a_pin_for_an_unpinned_symbol(tmp_path):
+    package = tmp_path / "packages/demo/src/demo"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "upstream_pins.toml").write_text(
+        '[[pins]]\nsymbol = "vllm.v1.kv_cache_interface.KVCacheTensor"\nkind = "dataclass"\n')
+    (package / "specs.py").write_text("from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheTensor\n\n"
+                                      "SPEC, TENSOR = FullAttentionSpec, KVCacheTensor\n")
+    out = _run("scan", "--root", str(tmp_path), "--suggest")
+    assert out.returncode == 1, out.stdout[-3000:] + out.stderr[-3000:]
+    assert "-- demo: 2 vLLM symbols used, 1 unpinned" in out.stdout, out.stdout
+    draft = out.stdout.split("draft pins for demo", 1)[1]
+    assert 'symbol = "vllm.v1.kv_cache_interface.FullAttentionSpec"' in draft and 'kind = "class"' in draft
+    assert "KVCacheTensor" not in draft
+
+
+def test_fetch_refuses_what_is_not_a_release_by_name():
+    out = _run("fetch", "latest-main")
+    assert out.returncode == 2 and "not a release version: 'latest-main'" in out.stderr, out.stderr

@@ -2,8 +2,9 @@
 
 Both ranks run ascend_testkit.cp_step_driver: vLLM's distributed environment with a PCP group of 2, Ascend's PCP manager
 partitioning prefills of several lengths (divisible, uneven, 1-3 tokens, past the largest capture size, and the
-seed regression of 151 real local tokens against a 76-token descriptor), attention over all-gathered KV shards
-merged by log-sum-exp, and the global order restored through vLLM's PCP all-gather.
+seed regression of 151 real local tokens against a 76-token descriptor), the engine's chunk attention over the K/V
+all-gathered through vLLM's PCP group, and the global order restored through vLLM's PCP all-gather. The engine
+suite (test_engine_pcp.py) runs the same code inside a real two-rank engine.
 """
 
 from __future__ import annotations

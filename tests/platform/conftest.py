@@ -35,20 +35,27 @@ def prompts() -> list[str]:
     return [prompt_of_length(n, offset=3 * n) for n in PROMPT_LENGTHS]
 
 
-def run_engine(host, model, prompts, *, sleep: bool = False, **engine) -> dict:
-    """Start an engine, generate greedily with top-5 logprobs, read our usage markers (and sleep/wake), stop."""
+def run_engine(host, model, prompts, *, sleep_levels: tuple[int, ...] = (), **engine) -> dict:
+    """Start an engine, generate greedily with top-5 logprobs, read our usage markers, then for each sleep level:
+    sleep, wake (weights first, then the KV cache; level 2 reloads the weights as a user must), generate again."""
     started = host.start(model, **(ENGINE | engine))
-    result = {"startup_s": started["startup_s"], "platform": started["platform"]}
+    result = {"startup_s": started["startup_s"], "platform": started["platform"], "runner": started["runner"]}
+    before = host.usage()[0]["counts"] if host.lane == "simulated" else {}
     result["outputs"] = host.generate(prompts, max_tokens=MAX_TOKENS, logprobs=5)["outputs"]
     if host.lane == "simulated":
         result["usage"] = host.usage()[0]
-    if sleep:
-        host.sleep(level=1)
-        result["asleep"] = host.usage()[0]["sleep"]
+        # The host's counters are process-wide (its earlier engines too): what this generation alone ran.
+        result["ran"] = {k: v - before.get(k, 0) for k, v in result["usage"]["counts"].items() if v > before.get(k, 0)}
+    for level in sleep_levels:
+        host.sleep(level=level)
+        asleep = host.usage()[0]["sleep"]
         host.wake_up(["weights"])
         host.wake_up(["kv_cache"])
-        result["awake"] = host.usage()[0]["sleep"]
-        result["outputs_after_sleep"] = host.generate(prompts, max_tokens=MAX_TOKENS, logprobs=5)["outputs"]
+        if level == 2:
+            host.rpc("ascend_testkit.probes:reload_weights")
+        result[f"sleep{level}"] = {
+            "asleep": asleep, "awake": host.usage()[0]["sleep"],
+            "outputs": host.generate(prompts, max_tokens=MAX_TOKENS, logprobs=5)["outputs"]}
     host.stop()
     return result
 
@@ -56,8 +63,9 @@ def run_engine(host, model, prompts, *, sleep: bool = False, **engine) -> dict:
 class PlatformRuns:
     """Each engine of the suite, run on first use and remembered for the session."""
 
-    def __init__(self, sim_v1_host, cpu_host, model, prompts) -> None:
-        self.sim, self.cpu, self.model, self.prompts = sim_v1_host, cpu_host, model, prompts
+    def __init__(self, sim_host, sim_v1_host, cpu_host, model, gqa_model, prompts) -> None:
+        self.sim_v2, self.sim, self.cpu = sim_host, sim_v1_host, cpu_host
+        self.model, self.gqa_model, self.prompts = model, gqa_model, prompts
         self.results: dict[str, dict] = {}
 
     def __getitem__(self, name: str) -> dict:
@@ -68,9 +76,19 @@ class PlatformRuns:
     def _run_cpu(self) -> dict:
         return run_engine(self.cpu, self.model, self.prompts)
 
+    def _run_cpu_gqa(self) -> dict:
+        return run_engine(self.cpu, self.gqa_model, self.prompts)
+
     def _run_ascend_v1(self) -> dict:
-        return run_engine(self.sim, self.model, self.prompts, sleep=True, enable_sleep_mode=True,
+        return run_engine(self.sim, self.model, self.prompts, sleep_levels=(1,), enable_sleep_mode=True,
                           additional_config={"kernel_checks": True})
+
+    def _run_ascend_v2(self) -> dict:
+        return run_engine(self.sim_v2, self.model, self.prompts, sleep_levels=(1, 2), enable_sleep_mode=True,
+                          additional_config={"kernel_checks": True})
+
+    def _run_ascend_v2_gqa(self) -> dict:
+        return run_engine(self.sim_v2, self.gqa_model, self.prompts)
 
     def _run_ascend_310p(self) -> dict:
         return run_engine(self.sim, self.model, self.prompts, additional_config={"chip": "310P"})
@@ -82,8 +100,16 @@ class PlatformRuns:
 
 
 @pytest.fixture(scope="session")
-def platform_runs(sim_v1_host, cpu_host, tiny_model, prompts) -> PlatformRuns:
-    return PlatformRuns(sim_v1_host, cpu_host, tiny_model, prompts)
+def gqa_model(cache_root):
+    """A tiny Llama with grouped-query attention (4 query heads share each of 2 KV heads)."""
+    from ascend_testkit.models.tiny_llama import TinyModelSpec, cached_tiny_llama
+
+    return cached_tiny_llama(TinyModelSpec(num_heads=8, num_kv_heads=2, head_dim=32), cache_dir=cache_root / "models")
+
+
+@pytest.fixture(scope="session")
+def platform_runs(sim_host, sim_v1_host, cpu_host, tiny_model, gqa_model, prompts) -> PlatformRuns:
+    return PlatformRuns(sim_host, sim_v1_host, cpu_host, tiny_model, gqa_model, prompts)
 
 
 @pytest.fixture(scope="session")

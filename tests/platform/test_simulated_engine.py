@@ -42,11 +42,12 @@ def test_our_allocator_backend_and_kernels_did_the_work(platform_runs):
 
 def test_sleep_and_wake_leave_generation_unchanged(platform_runs):
     run = platform_runs["ascend_v1"]
-    assert run["asleep"]["sleeping"] == ["kv_cache", "weights"]
-    assert run["asleep"]["weights_numel"] == 0 and run["asleep"]["kv_bound"] is False
-    assert run["awake"]["sleeping"] == [] and run["awake"]["kv_bound"] is True
-    assert run["awake"]["weights_numel"] == run["usage"]["sleep"]["weights_numel"] > 0
-    assert [o["token_ids"] for o in run["outputs_after_sleep"]] == [o["token_ids"] for o in run["outputs"]]
+    asleep, awake = run["sleep1"]["asleep"], run["sleep1"]["awake"]
+    assert asleep["sleeping"] == ["kv_cache", "weights"]
+    assert asleep["weights_numel"] == 0 and asleep["kv_bound"] is False
+    assert awake["sleeping"] == [] and awake["kv_bound"] is True
+    assert awake["weights_numel"] == run["usage"]["sleep"]["weights_numel"] > 0
+    assert [o["token_ids"] for o in run["sleep1"]["outputs"]] == [o["token_ids"] for o in run["outputs"]]
 
 
 def test_bad_additional_config_fails_startup_with_one_line(platform_runs):

@@ -76,6 +76,23 @@ NPU_BINDINGS: dict[str, NpuBinding] = {
     "gumbel_sample": NpuBinding(target="ascend_kernels.reference.gumbel on the NPU device", kind="torch"),
     "gather_logprobs": NpuBinding(target="ascend_kernels.reference.logprobs on the NPU device", kind="torch"),
     "token_ranks": NpuBinding(target="ascend_kernels.reference.logprobs on the NPU device", kind="torch"),
+    "attention_with_lse": NpuBinding(
+        target="torch_npu.npu_fused_infer_attention_score",
+        kind="torch_npu",
+        note="TND q/k/v, cumulative q/kv lengths, softmax_lse_flag; sparse_mode 3 (bottom-right causal) with the "
+        "2048x2048 mask when causal",
+    ),
+    "paged_attention_with_lse": NpuBinding(
+        target="torch_npu.npu_fused_infer_attention_score",
+        kind="torch_npu",
+        note="TND query over the paged cache [blocks, block_size, heads*dim] with block_table, softmax_lse_flag",
+    ),
+    "merge_attention_states": NpuBinding(
+        target="torch_npu.npu_attention_update", kind="torch_npu",
+        note="float32 [tokens*heads, dim] outputs and [tokens*heads] lses, update_type 0; the merged lse by "
+        "logsumexp",
+    ),
+    "gather_kv_rows": NpuBinding(target="torch.index_select on the NPU device", kind="torch"),
 }
 
 _FIA_MASK_SIZE = 2048  # the compressed causal mask sparse_mode 3 expects
@@ -275,6 +292,64 @@ def sample(logits, temperature, top_k=None, top_p=None, generator=None):
     return torch.where(greedy, logits.argmax(dim=-1), sampled)
 
 
+def _seq_lengths(starts: torch.Tensor) -> list[int]:
+    return starts[1:].tolist()
+
+
+def attention_with_lse(q, k, v, query_start_loc, kv_start_loc, *, scale, causal=True, out=None):
+    t, h, _ = q.shape
+    num_q = int(query_start_loc[-1])
+    kwargs = {"atten_mask": _causal_mask(str(q.device)), "sparse_mode": _SPARSE_CAUSAL} if causal else {}
+    result, lse = _torch_npu().npu_fused_infer_attention_score(
+        q[:num_q], k, v, num_heads=h, num_key_value_heads=k.shape[1], input_layout="TND", scale=scale,
+        softmax_lse_flag=True, actual_seq_lengths=_seq_lengths(query_start_loc),
+        actual_seq_lengths_kv=_seq_lengths(kv_start_loc), **kwargs)
+    if out is None:
+        out = q.new_zeros(t, h, v.shape[2])
+    else:
+        out[num_q:].zero_()
+    out[:num_q].copy_(result.view(num_q, h, -1))
+    full_lse = torch.full((t, h), float("-inf"), dtype=torch.float32, device=q.device)
+    full_lse[:num_q] = lse.view(num_q, h).float()
+    return out, full_lse
+
+
+def paged_attention_with_lse(query, key_cache, value_cache, block_table, query_start_loc, seq_lens, *, scale,
+                             causal=True, out=None):
+    if not (_block_contiguous(key_cache) and _block_contiguous(value_cache)):
+        return reference.paged_attention_with_lse(query, key_cache, value_cache, block_table, query_start_loc,
+                                                  seq_lens, scale=scale, causal=causal, out=out)
+    t, h, _ = query.shape
+    _, bs, hkv, _ = key_cache.shape
+    num_q = int(query_start_loc[-1])
+    kwargs = {"atten_mask": _causal_mask(str(query.device)), "sparse_mode": _SPARSE_CAUSAL} if causal else {}
+    result, lse = _torch_npu().npu_fused_infer_attention_score(
+        query[:num_q], _flat_blocks(key_cache), _flat_blocks(value_cache), num_heads=h, num_key_value_heads=hkv,
+        input_layout="TND", scale=scale, softmax_lse_flag=True, block_table=block_table.to(torch.int32),
+        block_size=bs, actual_seq_lengths=_seq_lengths(query_start_loc), actual_seq_lengths_kv=seq_lens.tolist(),
+        **kwargs)
+    if out is None:
+        out = query.new_zeros(t, h, value_cache.shape[3])
+    else:
+        out[num_q:].zero_()
+    out[:num_q].copy_(result.view(num_q, h, -1))
+    full_lse = torch.full((t, h), float("-inf"), dtype=torch.float32, device=query.device)
+    full_lse[:num_q] = lse.view(num_q, h).float()
+    return out, full_lse
+
+
+def merge_attention_states(outputs, lses, *, out=None):
+    t, h, d = outputs[0].shape
+    merged, _ = _torch_npu().npu_attention_update(
+        [lse.float().reshape(t * h) for lse in lses], [o.float().reshape(t * h, d) for o in outputs], 0)
+    total = torch.logsumexp(torch.stack([lse.float() for lse in lses]), dim=0)
+    merged = merged.view(t, h, d)
+    if out is None:
+        return merged.to(outputs[0].dtype), total
+    out.copy_(merged)
+    return out, total
+
+
 def npu_ops() -> dict[str, Callable]:
     """The NPU op table (building it does not import torch_npu; the first call does)."""
     table = {
@@ -296,6 +371,10 @@ def npu_ops() -> dict[str, Callable]:
         "gumbel_sample": reference.gumbel_sample,
         "gather_logprobs": reference.gather_logprobs,
         "token_ranks": reference.token_ranks,
+        "attention_with_lse": attention_with_lse,
+        "paged_attention_with_lse": paged_attention_with_lse,
+        "merge_attention_states": merge_attention_states,
+        "gather_kv_rows": reference.gather_kv_rows,
     }
     assert table.keys() == NPU_BINDINGS.keys()
     return table

@@ -15,6 +15,7 @@ from __future__ import annotations
 import torch
 
 from ascend_kernels import validation as _v
+from ascend_kernels import validation_cp as _vcp
 from ascend_kernels import validation_mla as _vm
 from ascend_kernels.registry import OP_NAMES, current_impl
 
@@ -326,3 +327,65 @@ def token_ranks(logits, token_ids) -> torch.Tensor:
     if _SWITCH.enabled:
         _v.check_token_ranks(logits, token_ids)
     return current_impl().token_ranks(logits, token_ids)
+
+
+# ------------------------------------------------------------------------- context parallelism (PCP)
+
+
+def attention_with_lse(q, k, v, query_start_loc, kv_start_loc, *, scale: float, causal: bool = True, out=None):
+    """Attention over contiguous K/V rows that also returns each query row's log-sum-exp (one part of a merge).
+
+    q `[num_tokens, num_heads, head_size]`; k `[num_kv, num_kv_heads, head_size]`, v `[num_kv, num_kv_heads,
+    head_size_v]` (GQA: query head h reads KV head `h // (num_heads // num_kv_heads)`). Row r owns queries
+    `query_start_loc[r] : [r+1]` (m of them) and keys `kv_start_loc[r] : [r+1]` (n), both int `[num_rows + 1]`.
+    With `causal` the queries are the last m of the n positions (a chunk continuing a context): query i sees keys
+    j <= n - m + i; otherwise it sees all n. Logits `scale * q.k`, softmax in float32 (float64 for float64 inputs).
+    Returns (out `[num_tokens, num_heads, head_size_v]` in q's dtype, written into `out` when given; lse
+    `[num_tokens, num_heads]` float32 (float64 for float64 inputs), natural log, -inf where a row saw no key, whose
+    output is 0; rows past the last query are 0 / -inf).
+    """
+    if _SWITCH.enabled:
+        _vcp.check_attention_with_lse(q, k, v, query_start_loc, kv_start_loc, scale, out)
+    return current_impl().attention_with_lse(q, k, v, query_start_loc, kv_start_loc, scale=scale, causal=causal,
+                                             out=out)
+
+
+def paged_attention_with_lse(query, key_cache, value_cache, block_table, query_start_loc, seq_lens, *,
+                             scale: float, causal: bool = True, out=None):
+    """`paged_attention`'s contract (no window, no sinks) that also returns the log-sum-exp, as `attention_with_lse`.
+
+    Under PCP a chunk's cached context is one part: `seq_lens` = the tokens cached before this step and
+    `causal=False` (every cached key precedes every query of the chunk). A row with seq_len 0 gives output 0 and
+    lse -inf. Returns (out, lse).
+    """
+    if _SWITCH.enabled:
+        _vcp.check_paged_attention_with_lse(query, key_cache, value_cache, block_table, query_start_loc, seq_lens,
+                                            scale, out)
+    return current_impl().paged_attention_with_lse(query, key_cache, value_cache, block_table, query_start_loc,
+                                                   seq_lens, scale=scale, causal=causal, out=out)
+
+
+def merge_attention_states(outputs, lses, *, out=None):
+    """Merge partial attention results by their log-sum-exps: the attention over the union of their keys.
+
+    outputs: S tensors `[num_tokens, num_heads, head_size]` (one dtype); lses: S tensors `[num_tokens, num_heads]`
+    float32/float64 (-inf: that part saw no key for the row). Returns (out = sum_s exp(lse_s - lse) * out_s in the
+    outputs' dtype, written into `out` when given; lse = log sum_s exp(lse_s), float32 or float64 as
+    `attention_with_lse`). A row no part saw a key in comes out 0 with lse -inf.
+    """
+    if _SWITCH.enabled:
+        _vcp.check_merge_attention_states(outputs, lses, out)
+    return current_impl().merge_attention_states(outputs, lses, out=out)
+
+
+def gather_kv_rows(packed_kv, index, *, key_size: int):
+    """Select rows of the K|V all-gathered from every PCP rank and split them into keys and values.
+
+    packed_kv `[num_gathered, num_kv_heads, key_size + value_size]`: each token's key then value along the last
+    dim (one all-gather moves both); index int `[num_rows]`: which gathered rows, in order (e.g. each query chunk's
+    keys in position order). Returns (keys `[num_rows, num_kv_heads, key_size]`, values `[num_rows, num_kv_heads,
+    value_size]`), possibly strided views of one gathered copy.
+    """
+    if _SWITCH.enabled:
+        _vcp.check_gather_kv_rows(packed_kv, index, key_size)
+    return current_impl().gather_kv_rows(packed_kv, index, key_size=key_size)

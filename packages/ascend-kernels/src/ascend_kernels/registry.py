@@ -33,6 +33,10 @@ OP_NAMES: tuple[str, ...] = (
     "gumbel_sample",
     "gather_logprobs",
     "token_ranks",
+    "attention_with_lse",
+    "paged_attention_with_lse",
+    "merge_attention_states",
+    "gather_kv_rows",
 )
 
 BACKEND_NAMES: tuple[str, ...] = ("reference", "npu")

@@ -85,6 +85,7 @@ class AscendPlatformBase(Platform):
         cls._decide_graph_mode(vllm_config, ascend)
         cls._decide_custom_ops(vllm_config, ascend)
         cls._check_speculative_config(vllm_config)
+        cls._check_context_parallel(vllm_config)
         logger.info("Ascend platform (%s lane): %s", "simulated" if cls.simulated else "npu", ascend.model_dump())
 
     @classmethod
@@ -136,26 +137,46 @@ class AscendPlatformBase(Platform):
     def _decide_graph_mode(cls, vllm_config: VllmConfig, ascend: AscendConfig) -> None:
         from vllm.config import CompilationMode, CUDAGraphMode
 
-        compilation = vllm_config.compilation_config
-        eager = (ascend.graph_mode == "eager" or cls.simulated
-                 or (ascend.graph_mode == "auto" and vllm_config.model_config is not None
-                     and vllm_config.model_config.enforce_eager))
-        if eager:
-            if ascend.graph_mode in ("piecewise", "full") and cls.simulated:
-                logger.info("graph_mode=%s is ignored in the simulated lane (no device graphs on the CPU)",
-                            ascend.graph_mode)
-            compilation.cudagraph_mode = CUDAGraphMode.NONE
-            compilation.cudagraph_capture_sizes = []
-            compilation.mode = CompilationMode.NONE
-            return
-        from ascend_platform.graph.plan import default_capture_sizes
+        from ascend_platform.graph.policy import capture_sizes_for, graph_mode_for
 
-        compilation.cudagraph_mode = (CUDAGraphMode.FULL_DECODE_ONLY if ascend.graph_mode == "full"
-                                      else CUDAGraphMode.PIECEWISE)
-        max_seqs = vllm_config.scheduler_config.max_num_seqs
-        sizes = list(ascend.graph_capture_sizes or default_capture_sizes(max_seqs))
-        # Never capture more than the batch can hold; ACL graphs are memory-hungry per size.
-        compilation.cudagraph_capture_sizes = [s for s in sizes if s <= max_seqs] or [min(sizes)]
+        compilation, sched = vllm_config.compilation_config, vllm_config.scheduler_config
+        enforce_eager = vllm_config.model_config is not None and vllm_config.model_config.enforce_eager
+        mode = graph_mode_for(ascend.graph_mode, simulated=cls.simulated, enforce_eager=enforce_eager)
+        compilation.cudagraph_mode = mode
+        compilation.cudagraph_capture_sizes = capture_sizes_for(
+            mode, ascend.graph_capture_sizes, max_num_seqs=sched.max_num_seqs,
+            max_num_batched_tokens=sched.max_num_batched_tokens)
+        if compilation.cudagraph_capture_sizes:
+            compilation.max_cudagraph_capture_size = max(compilation.cudagraph_capture_sizes)
+        if mode == CUDAGraphMode.NONE or cls.simulated:
+            # No torch.compile in the simulated lane: its graphs wrap the whole model (see graph.manager).
+            compilation.mode = CompilationMode.NONE
+        if cls.simulated and mode != CUDAGraphMode.NONE:
+            import vllm.envs as envs
+
+            logger.info("graph_mode=%s in the simulated lane: graphs are recorded, and run eagerly", ascend.graph_mode)
+            if mode.has_piecewise_cudagraphs() and not envs.VLLM_USE_BREAKABLE_CUDAGRAPH:
+                logger.warning("PIECEWISE graphs without torch.compile need VLLM_USE_BREAKABLE_CUDAGRAPH=1; vLLM "
+                               "keeps only the FULL part of %s", mode.name)
+
+    @classmethod
+    def _check_context_parallel(cls, vllm_config: VllmConfig) -> None:
+        """Prefill context parallel with what it cannot serve stops here, before any worker starts."""
+        from ascend_platform.pcp.validation import validate_pcp_config
+
+        model = vllm_config.model_config
+        validate_pcp_config(vllm_config, supports_mm_inputs=bool(model is not None and model.is_multimodal_model))
+
+    @classmethod
+    def get_static_graph_wrapper_cls(cls) -> str:
+        """What vLLM wraps graph pieces with: ACL graphs on a device, a recording eager wrapper when simulated."""
+        from ascend_platform.graph.policy import static_graph_wrapper
+
+        return static_graph_wrapper(cls.simulated)
+
+    def graph_pool_handle(self) -> Any:
+        """The memory pool graphs share (vLLM's `get_global_graph_pool`); the simulated lane has none."""
+        return None if self.simulated else torch.npu.graph_pool_handle()
 
     @classmethod
     def _decide_custom_ops(cls, vllm_config: VllmConfig, ascend: AscendConfig) -> None:

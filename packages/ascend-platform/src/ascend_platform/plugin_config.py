@@ -31,8 +31,10 @@ class AscendConfig(BaseModel):
     chip: Literal["auto", "A2", "A3", "310P"] = Field(
         "auto", description="Ascend chip family; 'auto' asks torch_npu. 310P selects its own attention backend "
         "and private per-layer KV buffers.")
-    graph_mode: Literal["auto", "eager", "piecewise", "full"] = Field(
-        "auto", description="Graph capture: 'auto' is eager when enforce_eager is set or in the simulated lane, "
+    graph_mode: Literal["auto", "eager", "piecewise", "full", "full_and_piecewise"] = Field(
+        "auto", description="Graph capture: 'piecewise', 'full' (FULL graphs for uniform decodes only) or "
+        "'full_and_piecewise' (FULL for uniform decodes, PIECEWISE for mixed batches); 'auto' is eager when "
+        "enforce_eager is set or in the simulated lane (which records what it would capture when a mode is given), "
         "piecewise otherwise.")
     graph_capture_sizes: tuple[int, ...] | None = Field(
         None, description="Batch sizes to capture graphs for (ascending, positive); default derived from "

@@ -81,3 +81,16 @@ def test_bad_plans_are_refused():
         plan(PIECEWISE, sizes=(16, 8))
     with pytest.raises(ValueError, match="max_num_reqs"):
         plan(PIECEWISE, max_num_reqs=0)
+
+
+def test_pcp_decodes_take_a_full_graph_holding_every_global_request():
+    # PCP=2 shards 4 decodes over the ranks: 2 local tokens, 4 global requests, a uniform batch. The FULL graph
+    # must hold all 4 requests (the runner pads the global batch to it), so 4 tokens, not 2.
+    p = plan(CUDAGraphMode.FULL_AND_PIECEWISE, sizes=(2, 4, 8))
+    d = p.descriptor_for(4, 2, decode_only=True, uniform=True)
+    assert (d.cg_mode, d.num_tokens, d.num_reqs) == (FULL, 4, 4)
+    assert p.descriptor_for(4, 2, decode_only=True).cg_mode == PIECEWISE  # counts alone say "not uniform"
+    by_mode = p.descriptors_by_mode()
+    assert [d.num_tokens for d in by_mode[FULL]] == [8, 4, 2]
+    assert [d.num_tokens for d in by_mode[PIECEWISE]] == [8, 4, 2]
+    assert p.batch_kind(decode_only=True) == "uniform_decode" and p.batch_kind(decode_only=False) == "mixed"

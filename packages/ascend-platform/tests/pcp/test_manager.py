@@ -15,7 +15,7 @@ from vllm.v1.worker.gpu.input_batch import InputBuffers
 from vllm.v1.worker.gpu.pcp_manager import PCPManager
 
 from ascend_platform.pcp import AscendPCPManager, PCPInputBuffers
-from ascend_platform.pcp.step_batch import step_input_batch
+from ascend_testkit.pcp_batches import step_input_batch
 
 CPU = torch.device("cpu")
 MAX_REQS, MAX_TOKENS = 4, 512

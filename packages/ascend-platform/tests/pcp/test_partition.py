@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from vllm.v1.worker.gpu.input_batch import InputBuffers
 
 from ascend_platform.pcp import AscendPCPManager, head_tail_chunks, local_tokens_after_padding, rank_token_counts
-from ascend_platform.pcp.step_batch import step_input_batch
+from ascend_testkit.pcp_batches import step_input_batch
 
 
 @given(query_len=st.integers(1, 700), pcp=st.integers(1, 4))

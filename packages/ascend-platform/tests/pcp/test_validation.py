@@ -87,3 +87,25 @@ def test_lora_is_named(config):
             validate_pcp_config(config)
     finally:
         config.lora_config = None
+
+
+def test_models_and_features_pcp_cannot_serve_are_named(config):
+    from types import SimpleNamespace
+
+    class Model(SimpleNamespace):
+        def get_sliding_window(self):
+            return self.window
+
+    def conflicts(**model):
+        fields = dict(model="m", is_encoder_decoder=False, use_mla=False, window=None) | model
+        fake = SimpleNamespace(parallel_config=config.parallel_config, compilation_config=config.compilation_config,
+                               model_config=Model(**fields), lora_config=None, speculative_config=None)
+        return pcp_conflicts(fake)
+
+    assert conflicts() == []
+    assert "encoder-decoder model (m)" in conflicts(is_encoder_decoder=True)[0]
+    assert "MLA model (m): the Ascend MLA backend (ASCEND_MLA) does not serve PCP" in conflicts(use_mla=True)[0]
+    assert "sliding-window attention (sliding_window=64)" in conflicts(window=64)[0]
+    spec = SimpleNamespace(parallel_config=config.parallel_config, compilation_config=config.compilation_config,
+                           model_config=None, lora_config=None, speculative_config=SimpleNamespace(method="eagle"))
+    assert "speculative decoding (method='eagle')" in pcp_conflicts(spec)[0]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import types
 
 import pytest
@@ -87,3 +88,21 @@ def test_importing_the_simulated_platform_patches_nothing():
     import ascend_platform.simulated_platform  # noqa: F401
 
     assert torch.accelerator.empty_cache is before  # the shims go in when vLLM instantiates the platform
+
+
+def test_an_environment_variable_is_applied_and_undone(monkeypatch):
+    registry = PatchRegistry()
+    registry.register(Patch(name="t.env", target="os:environ.ASCEND_TEST_PATCHED_VAR", kind="environment",
+                            reason="test", contract="read by the test"))
+    monkeypatch.delenv("ASCEND_TEST_PATCHED_VAR", raising=False)
+    handle = registry.apply("t.env", "rank-ident")
+    assert os.environ["ASCEND_TEST_PATCHED_VAR"] == "rank-ident" and handle.original is None
+    handle.undo()
+    assert "ASCEND_TEST_PATCHED_VAR" not in os.environ  # unset before, unset after
+    monkeypatch.setenv("ASCEND_TEST_PATCHED_VAR", "before")
+    with registry.applied("t.env", "during") as original:
+        assert original == "before" and os.environ["ASCEND_TEST_PATCHED_VAR"] == "during"
+    assert os.environ["ASCEND_TEST_PATCHED_VAR"] == "before"
+    registry.register(Patch(name="t.bad", target="os:getenv.X", kind="environment", reason="r", contract="c"))
+    with pytest.raises(PatchTargetError, match="an environment target is 'os:environ.NAME'"):
+        registry.apply("t.bad", "x")

@@ -49,8 +49,13 @@ def test_simulated_lane_decisions(make_config):
     SimulatedNPUPlatform.check_and_update_config(cfg)
     assert cfg.parallel_config.worker_cls == WORKER_CLS
     assert cfg.cache_config.block_size == 128  # our default (equal to vLLM-CPU's; the next test shows ours decides)
-    assert cfg.compilation_config.cudagraph_mode == CUDAGraphMode.NONE  # no device graphs on the CPU
+    # An explicit graph mode is kept (the simulated lane records what it would capture); nothing is compiled.
+    assert cfg.compilation_config.cudagraph_mode == CUDAGraphMode.PIECEWISE
+    assert cfg.compilation_config.cudagraph_capture_sizes == [1, 2, 4]
     assert cfg.compilation_config.mode == CompilationMode.NONE
+    cfg = make_config()
+    SimulatedNPUPlatform.check_and_update_config(cfg)
+    assert cfg.compilation_config.cudagraph_mode == CUDAGraphMode.NONE  # 'auto' stays eager in the simulated lane
     assert "all" in cfg.compilation_config.custom_ops
     assert cfg.cache_config.kv_cache_memory_bytes == 1 << 30  # VLLM_CPU_KVCACHE_SPACE, via vLLM's CPU policy
 

@@ -2,9 +2,11 @@
 
 Each rank joins vLLM's distributed environment on gloo (127.0.0.1), builds an `AscendPCPManager`, and for each step
 (prefills of several lengths) plans the graph descriptor, partitions the global batch, computes q/k/v for its
-local tokens, runs context-parallel attention (all-gathered KV shards, log-sum-exp merge), and restores the global
-token order through the manager's `restore_for_sampling` (vLLM's PCP group all-gather). Rank 0 compares with
-single-process causal attention and writes a JSON report; both ranks check token coverage and buffer addresses.
+local tokens, runs the engine's context-parallel attention (`ascend_platform.pcp.attention`: K/V all-gathered over
+vLLM's PCP group, each chunk attending to its request's gathered keys as the manager's attention layout says), and
+restores the global token order through the manager's `restore_for_sampling` (vLLM's PCP group all-gather). Rank 0
+compares with single-process causal attention and writes a JSON report; both ranks check token coverage and buffer
+addresses. Graph capture is staged in the manager's buffers and "captured" by the simulated lane's eager backend.
 
 Usage: python -m ascend_testkit.cp_step_driver RANK WORLD PORT OUT_JSON
 """
@@ -16,7 +18,6 @@ import json
 import sys
 import time
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -84,10 +85,10 @@ def main() -> int:
     from vllm.v1.worker.gpu.cudagraph_utils import BatchExecutionDescriptor
     from vllm.v1.worker.gpu.input_batch import InputBuffers
 
-    from ascend_platform.graph import EagerBackend, GraphCapturePlan, GraphExecutor
+    from ascend_platform.graph import EagerBackend, GraphCapturePlan
     from ascend_platform.pcp import AscendPCPManager
-    from ascend_platform.pcp.attention import context_parallel_attention
-    from ascend_platform.pcp.step_batch import step_input_batch
+    from ascend_platform.pcp.attention import all_gather_kv, chunk_attention
+    from ascend_testkit.pcp_batches import step_input_batch
 
     device = torch.device("cpu")
     scale = HEAD_DIM**-0.5
@@ -114,16 +115,15 @@ def main() -> int:
         )
         addresses = manager.buffers.addresses()
         plan = GraphCapturePlan(mode=CUDAGraphMode.PIECEWISE, capture_sizes=CAPTURE_SIZES, max_num_reqs=MAX_NUM_REQS)
-        executor = GraphExecutor(plan, EagerBackend())
-
-        def stage(desc):
+        backend, graphs = EagerBackend(), {}
+        for desc in plan.capture_descriptors():
             staged = manager.stage_capture_batch(desc.num_tokens, desc.num_reqs)
             assert manager.buffers.addresses() == addresses, "capture staging moved a buffer"
             assert staged.batch.input_ids.data_ptr() == addresses["input_ids"]
-            return lambda: staged.batch.input_ids.sum()
-
-        report["captured"] = [d.num_tokens for d in executor.capture_all(stage)]
+            graphs[desc] = backend.capture(lambda batch=staged.batch: batch.input_ids.sum())
+        report["captured"] = [d.num_tokens for d in graphs]
         assert manager.buffers.addresses() == addresses
+        empty_cache = torch.zeros(1, 32, NUM_KV_HEADS, HEAD_DIM)  # fresh prefills: no cached context to read
         t = tables()
         global_buffers = InputBuffers(MAX_NUM_REQS, MAX_NUM_TOKENS, device)
         for name, lens, forced in STEPS:
@@ -144,16 +144,19 @@ def main() -> int:
             assert local.positions.data_ptr() == addresses["positions"]
             assert local.query_start_loc.data_ptr() == addresses["query_start_loc"]
             assert local.seq_lens.data_ptr() == addresses["seq_lens"]
-            req_of_token = torch.full((n_pad,), -1, dtype=torch.int64)
-            req_of_token[:n_real] = torch.from_numpy(
-                np.repeat(local.idx_mapping_np[: local.num_reqs], local.num_scheduled_tokens[: local.num_reqs])
-            )
-            valid = torch.arange(n_pad) < n_real
             q, k, v = qkv(t, local.input_ids, local.positions)
-            out_local = context_parallel_attention(
-                q, k, v, local.positions, req_of_token, valid, scale, group=pcp_group.device_group
-            )
-            ran = executor.run(effective, lambda out=out_local: out.sum())
+            gathered = all_gather_kv(k, v, pcp_group)
+            layout = manager.attention_layout
+            out_local = torch.zeros(n_pad, NUM_HEADS, HEAD_DIM)
+            if layout is not None:  # a rank can hold no chunk at all (prefills of 1-3 tokens)
+                assert layout.first_prefill_row == 0 and not layout.has_context
+                table = torch.zeros(layout.num_prefill_rows, 1, dtype=torch.int32)
+                chunk_attention(q[:n_real], gathered, HEAD_DIM, empty_cache, empty_cache, table, layout,
+                                scale=scale, out=out_local[:n_real])
+            graph = graphs.get(effective) if effective.cg_mode != CUDAGraphMode.NONE else None
+            if graph is not None:
+                graph.replay()
+            ran = "replay" if graph is not None else "eager"
             restored, _, global_batch = manager.restore_for_sampling(out_local.reshape(n_pad, -1), None)
             assert global_batch is batch
             # Every real token of the step came back exactly once: the restored token ids equal the global ones.

@@ -22,3 +22,8 @@ def kv_storages(worker: Any) -> list[list[int]]:
     connector must have registered); [] when the cache is released (asleep) or not ours (vLLM's CPU platform)."""
     allocation = getattr(worker.model_runner, "ascend_kv", None)
     return [] if allocation is None else [[s.data_ptr, s.nbytes] for s in allocation.storages]
+
+
+def reload_weights(worker: Any) -> None:
+    """Load the checkpoint's weights again in place (what a user does after waking from sleep level 2)."""
+    worker.reload_weights()

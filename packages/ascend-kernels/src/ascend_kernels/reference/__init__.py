@@ -8,6 +8,12 @@ from __future__ import annotations
 from ascend_kernels.reference.attention import mla_decode_attention, paged_attention
 from ascend_kernels.reference.batch_prep import compute_slot_mapping
 from ascend_kernels.reference.cache_write import reshape_and_cache, reshape_and_cache_mla
+from ascend_kernels.reference.context_parallel import (
+    attention_with_lse,
+    gather_kv_rows,
+    merge_attention_states,
+    paged_attention_with_lse,
+)
 from ascend_kernels.reference.gumbel import gumbel_sample
 from ascend_kernels.reference.layers import rms_norm, rotary_embedding, silu_and_mul
 from ascend_kernels.reference.logprobs import gather_logprobs, token_ranks
@@ -35,4 +41,8 @@ REFERENCE_OPS = {
     "gumbel_sample": gumbel_sample,
     "gather_logprobs": gather_logprobs,
     "token_ranks": token_ranks,
+    "attention_with_lse": attention_with_lse,
+    "paged_attention_with_lse": paged_attention_with_lse,
+    "merge_attention_states": merge_attention_states,
+    "gather_kv_rows": gather_kv_rows,
 }

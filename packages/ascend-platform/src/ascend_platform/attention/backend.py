@@ -3,12 +3,17 @@
 vLLM's attention layer calls `do_kv_cache_update` (write this step's keys and values into the paged cache) and then
 `forward` (paged attention over each request's context). The per-layer key and value caches are the
 `AttentionKV` views our allocator made; the runner hands them to each impl with `bind_ascend_kv`.
+
+Prefill context parallel (PCP): the impl declares it (`supports_pcp`), all-gathers each step's K/V across the PCP
+group into every rank's KV replica, and attends prefill chunks in parts merged by log-sum-exp
+(`ascend_platform.pcp.attention`); the MRV2 runner binds its PCP manager to the builder, which attaches the step's
+`PCPAttentionLayout`.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 from vllm.logger import init_logger
@@ -23,6 +28,8 @@ from vllm.v1.attention.backend import (
 
 from ascend_platform import usage
 from ascend_platform.facade import kernel_ops
+from ascend_platform.pcp import attention as pcp_attention
+from ascend_platform.pcp.layout import PCPAttentionLayout
 
 logger = init_logger(__name__)
 
@@ -70,11 +77,23 @@ class AscendAttentionMetadata:
     block_table: torch.Tensor  # int32 [num_reqs, max_blocks]
     slot_mapping: torch.Tensor
     causal: bool = True
+    pcp: PCPAttentionLayout | None = None  # this rank's prefill chunks under PCP (None: every row reads the cache)
 
 
 class AscendAttentionMetadataBuilder(AttentionMetadataBuilder[AscendAttentionMetadata]):
     def __init__(self, kv_cache_spec, layer_names: list[str], vllm_config, device: torch.device) -> None:
         super().__init__(kv_cache_spec, layer_names, vllm_config, device)
+        self._pcp_manager: Any = None
+
+    @classmethod
+    def get_cudagraph_support(cls, vllm_config: Any, kv_cache_spec: Any) -> Any:
+        from ascend_platform.graph.policy import attention_graph_support
+
+        return attention_graph_support()
+
+    def bind_pcp_manager(self, manager: Any) -> None:
+        """The MRV2 runner's PCP manager, whose per-step `attention_layout` the metadata carries."""
+        self._pcp_manager = manager
 
     def build(self, common_prefix_len: int, common_attn_metadata: CommonAttentionMetadata,
               fast_build: bool = False) -> AscendAttentionMetadata:
@@ -89,10 +108,13 @@ class AscendAttentionMetadataBuilder(AttentionMetadataBuilder[AscendAttentionMet
             block_table=m.block_table_tensor[: m.num_reqs].to(torch.int32),
             slot_mapping=m.slot_mapping,
             causal=bool(m.causal),
+            pcp=self._pcp_manager.attention_layout if self._pcp_manager is not None else None,
         )
 
 
 class AscendAttentionImpl(AttentionImpl[AscendAttentionMetadata]):
+    supports_pcp: bool = True
+
     def __init__(self, num_heads: int, head_size: int, scale: float, num_kv_heads: int,
                  alibi_slopes: list[float] | None, sliding_window: int | None, kv_cache_dtype: str,
                  logits_soft_cap: float | None = None, attn_type: str = AttentionType.DECODER,
@@ -109,6 +131,7 @@ class AscendAttentionImpl(AttentionImpl[AscendAttentionMetadata]):
         self.kv_sharing_target_layer_name = kv_sharing_target_layer_name
         self.sinks = sinks
         self.kv = None  # AttentionKV from our allocator, set by the runner
+        self._pcp_kv: torch.Tensor | None = None  # this step's K/V gathered from every PCP rank (this layer)
 
     def bind_ascend_kv(self, kv) -> None:
         self.kv = kv
@@ -121,6 +144,11 @@ class AscendAttentionImpl(AttentionImpl[AscendAttentionMetadata]):
     def do_kv_cache_update(self, layer, key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor,
                            slot_mapping: torch.Tensor) -> None:
         key_cache, value_cache = self._caches(getattr(layer, "layer_name", "?"))
+        if self.pcp_world_size > 1 and slot_mapping.shape[0] > key.shape[0]:
+            # A partitioned step: the slot mapping covers every rank's tokens, which each rank's replica holds.
+            self._pcp_kv = pcp_attention.all_gather_kv(key, value)
+            pcp_attention.cache_gathered_kv(self._pcp_kv, key.shape[-1], key_cache, value_cache, slot_mapping)
+            return
         with usage.timed("kernels.reshape_and_cache"):
             kernel_ops().reshape_and_cache(key, value, key_cache, value_cache, slot_mapping[: key.shape[0]])
 
@@ -134,11 +162,30 @@ class AscendAttentionImpl(AttentionImpl[AscendAttentionMetadata]):
             return output
         n = attn_metadata.num_actual_tokens
         key_cache, value_cache = self._caches(getattr(layer, "layer_name", "?"))
+        gathered, self._pcp_kv = self._pcp_kv, None
+        if attn_metadata.pcp is not None and gathered is not None:
+            return self._forward_pcp(query, key_cache, value_cache, attn_metadata, gathered, output)
         with usage.timed("kernels.paged_attention"):
             kernel_ops().paged_attention(
                 query[:n], key_cache, value_cache, attn_metadata.block_table, attn_metadata.query_start_loc,
                 attn_metadata.seq_lens, scale=self.scale, causal=attn_metadata.causal,
                 sliding_window=self.sliding_window, sinks=self.sinks, out=output[:n])
+        usage.count("attention.ascend.forward")
+        return output
+
+    def _forward_pcp(self, query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
+                     m: AscendAttentionMetadata, gathered: torch.Tensor, output: torch.Tensor) -> torch.Tensor:
+        """Decode rows read the KV replica; prefill chunks attend to the cached context and the gathered step K/V."""
+        layout = m.pcp
+        assert layout is not None
+        d, t0, n = layout.first_prefill_row, layout.prefill_token_start, m.num_actual_tokens
+        if d:
+            with usage.timed("kernels.paged_attention"):
+                kernel_ops().paged_attention(
+                    query[:t0], key_cache, value_cache, m.block_table[:d], m.query_start_loc[: d + 1],
+                    m.seq_lens[:d], scale=self.scale, causal=m.causal, out=output[:t0])
+        pcp_attention.chunk_attention(query[t0:n], gathered, query.shape[-1], key_cache, value_cache,
+                                      m.block_table[d:], layout, scale=self.scale, out=output[t0:n])
         usage.count("attention.ascend.forward")
         return output
 

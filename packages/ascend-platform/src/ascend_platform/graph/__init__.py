@@ -1,17 +1,16 @@
-"""Graph-capture planning and execution for Ascend's MRV2 runner.
+"""Graph capture for Ascend's MRV2 runner: the plan, the graph manager that follows it, and the graph backends.
 
-API for the runner:
-
-* `GraphCapturePlan.from_vllm_config(vllm_config, decode_query_len=1)`: capture sizes and mode from the config.
-* `plan.capture_descriptors()`: vLLM `BatchExecutionDescriptor`s to capture, largest first.
-* `plan.descriptor_for(num_reqs, num_tokens, decode_only=...)`: the descriptor a batch runs with (FULL only for
-  decode-only batches; PIECEWISE for mixed ones when the mode has them; NONE past the largest capture size).
-  Under PCP pass `pcp_manager.num_tokens_for_dispatch(...)` as `num_tokens`.
-* `GraphExecutor(plan, backend=None)`: `capture_all(stage)` and `run(desc, forward)`; the backend is ACL graphs
-  on an NPU and eager execution in the simulated lane (`default_backend()`).
+* `GraphCapturePlan` (plan.py): capture sizes and mode from the config; `capture_descriptors()`;
+  `descriptor_for(num_reqs, num_tokens, decode_only=...)` (FULL only for uniform decodes; PIECEWISE for mixed
+  batches when the mode has them; NONE past the largest capture size). Under PCP `num_tokens` is the rank-local
+  count (`AscendPCPManager.num_tokens_for_dispatch`).
+* `AscendGraphManager` (manager.py): vLLM's MRV2 graph manager driven by the plan (the runner builds it).
+* Backends (backends.py): ACL graphs on an NPU, eager "graphs" in the simulated lane; static-graph wrappers the
+  platform gives vLLM (wrapper.py): `AclGraphWrapper` / `SimulatedGraphWrapper`, which records what it captures and
+  replays (trace.py).
 """
 
-from ascend_platform.graph.executor import AclGraphBackend, EagerBackend, GraphBackend, GraphExecutor, default_backend
+from ascend_platform.graph.backends import AclGraphBackend, EagerBackend, GraphBackend, default_backend
 from ascend_platform.graph.plan import GraphCapturePlan
 
 __all__ = [
@@ -19,6 +18,5 @@ __all__ = [
     "EagerBackend",
     "GraphBackend",
     "GraphCapturePlan",
-    "GraphExecutor",
     "default_backend",
 ]

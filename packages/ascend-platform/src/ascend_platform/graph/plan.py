@@ -13,7 +13,7 @@ The plan is data computed from the configuration (capture sizes and `CUDAGraphMo
 Under PCP the token count to plan for is the largest rank-local count (`AscendPCPManager.num_tokens_for_dispatch`),
 and the manager still keeps every real token if a descriptor turns out too small. The descriptors are vLLM's own
 `BatchExecutionDescriptor`, so the MRV2 runner and the PCP manager consume them unchanged. The same plan drives
-ACL graphs on an NPU and eager execution in the simulated lane (`ascend_platform.graph.executor`).
+ACL graphs on an NPU and eager, recorded "graphs" in the simulated lane (`ascend_platform.graph.manager`).
 """
 
 from __future__ import annotations
@@ -60,10 +60,11 @@ class GraphCapturePlan:
 
     @classmethod
     def from_compilation_config(
-        cls, compilation: Any, max_num_reqs: int, decode_query_len: int = 1
+        cls, compilation: Any, max_num_reqs: int, decode_query_len: int = 1, mode: CUDAGraphMode | None = None
     ) -> GraphCapturePlan:
-        """Sizes from `cudagraph_capture_sizes`, else vLLM's default ladder up to `max_cudagraph_capture_size`."""
-        mode = compilation.cudagraph_mode or CUDAGraphMode.NONE
+        """Sizes from `cudagraph_capture_sizes`, else vLLM's default ladder up to `max_cudagraph_capture_size`;
+        the mode is the config's unless given (the runner passes the mode vLLM resolved for its backends)."""
+        mode = mode if mode is not None else (compilation.cudagraph_mode or CUDAGraphMode.NONE)
         limit = compilation.max_cudagraph_capture_size
         sizes = compilation.cudagraph_capture_sizes
         if sizes is None:
@@ -119,15 +120,34 @@ class GraphCapturePlan:
                 descs.append(self._mixed_desc(size))
         return sorted(descs, key=lambda d: (d.num_tokens, d.cg_mode.value), reverse=True)
 
-    def descriptor_for(self, num_reqs: int, num_tokens: int, *, decode_only: bool) -> BatchExecutionDescriptor:
-        """The descriptor a batch of `num_reqs` requests and `num_tokens` tokens runs with."""
+    def descriptors_by_mode(self) -> dict[CUDAGraphMode, list[BatchExecutionDescriptor]]:
+        """`capture_descriptors()` grouped by mode (each largest first), the shape vLLM's graph manager keeps."""
+        out: dict[CUDAGraphMode, list[BatchExecutionDescriptor]] = {}
+        for desc in self.capture_descriptors():
+            out.setdefault(desc.cg_mode, []).append(desc)
+        return out
+
+    @staticmethod
+    def batch_kind(*, decode_only: bool) -> str:
+        """How the plan names a batch: "uniform_decode" (may take a FULL graph) or "mixed"."""
+        return "uniform_decode" if decode_only else "mixed"
+
+    def descriptor_for(
+        self, num_reqs: int, num_tokens: int, *, decode_only: bool, uniform: bool | None = None
+    ) -> BatchExecutionDescriptor:
+        """The descriptor a batch of `num_reqs` requests and `num_tokens` tokens runs with.
+
+        `uniform` (every request has `decode_query_len` tokens) defaults to what the counts say; under PCP the
+        runner passes it from the global batch, since `num_tokens` is then a rank's local count.
+        """
         if num_tokens < 0 or num_reqs < 0:
             raise ValueError(f"batch sizes must be >= 0, got {num_reqs} requests, {num_tokens} tokens")
         eager = BatchExecutionDescriptor(cg_mode=CUDAGraphMode.NONE, num_tokens=num_tokens, num_reqs=num_reqs)
         padded = self.padded_num_tokens(num_tokens) if num_tokens > 0 else None
         if padded is None:
             return eager
-        uniform = num_tokens == num_reqs * self.decode_query_len
+        if uniform is None:
+            uniform = num_tokens == num_reqs * self.decode_query_len
         if decode_only and uniform and self._full_decode:
             candidates = [d for d in self.capture_descriptors() if d.cg_mode == CUDAGraphMode.FULL]
             fitting = [d for d in candidates if d.num_tokens >= num_tokens and d.num_reqs >= num_reqs]

@@ -107,3 +107,35 @@ MRV2_BLOCK_TABLES = REGISTRY.register(Patch(
              "the model_runner module's global and uses gather_block_tables / compute_slot_mappings / "
              "apply_staged_writes on it.",
 ))
+MRV2_CUDAGRAPH_MANAGER = REGISTRY.register(Patch(
+    name="mrv2.cudagraph_manager",
+    target="vllm.v1.worker.gpu.model_runner:ModelCudaGraphManager",
+    kind="class",
+    reason="MRV2 builds vLLM's ModelCudaGraphManager inside initialize_kv_cache with no hook; its candidate tables and "
+           "CUDA graph API are not Ascend's. Scoped to the Ascend MRV2 runner's initialize_kv_cache, where "
+           "AscendGraphManager (a subclass that captures and dispatches by GraphCapturePlan through ACL graphs, or "
+           "eagerly in the simulated lane) is built instead.",
+    contract="GPUModelRunner.initialize_kv_cache constructs ModelCudaGraphManager(vllm_config, device, cudagraph_mode, "
+             "decode_query_len=..., lora_capture_cases=..., varlen_decode=..., ubatch_runner=...) from the "
+             "model_runner module's global and calls dispatch / capture / run_fullgraph / run_pw_graph on it.",
+))
+
+# The simulated worker replaces vLLM's CPUWorker.init_device (to build our runner) and does what it does to the process.
+WORKER_SET_NUM_THREADS = REGISTRY.register(Patch(
+    name="worker.torch_set_num_threads",
+    target="torch:set_num_threads",
+    reason="After binding the worker's OpenMP threads to its CPUs, vLLM's CPU worker replaces torch.set_num_threads "
+           "with a no-op that warns, so later callers cannot resize the bound pool; the simulated worker binds the "
+           "same way and does the same, for the worker's lifetime (undone at its shutdown).",
+    contract="torch.set_num_threads(int) sets the intra-op thread count of this process.",
+))
+WORKER_DIST_IDENT = REGISTRY.register(Patch(
+    name="worker.dist_ident",
+    target="os:environ.VLLM_DIST_IDENT",
+    kind="environment",
+    reason="vLLM's CPU communicator names its shared-memory segments after VLLM_DIST_IDENT, which vLLM's "
+           "CPUWorker.init_device sets from the distributed init method; the simulated worker replaces that "
+           "init_device, so it sets the same value, for the worker's lifetime (undone at its shutdown).",
+    contract="vllm.distributed.device_communicators.cpu_communicator reads os.environ['VLLM_DIST_IDENT'] when it "
+             "creates its shared-memory group.",
+))

@@ -1,7 +1,8 @@
 """A declarative registry of the monkey patches the platform needs.
 
 Each patch is declared once with its target (`module:attribute`, or `module:object.attribute` for an attribute of a
-module-level object such as a settings instance), the reason it exists and the upstream contract
+module-level object such as a settings instance, or `os:environ.NAME` with kind "environment" for an environment
+variable vLLM's code reads), the reason it exists and the upstream contract
 it relies on (the target's kind and the parameters the replacement must accept). Nothing is patched at import:
 `applied()` patches for the length of a `with` block and `apply()` returns a handle that undoes it. Applying
 first verifies the target exists and still has the declared shape, and fails loudly naming the patch otherwise.
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -27,7 +29,7 @@ class Patch:
     target: str  # "package.module:attribute" or "package.module:object.attribute"
     reason: str
     contract: str  # what upstream promise the replacement depends on, in words
-    kind: str = "function"  # function | class | attribute
+    kind: str = "function"  # function | class | attribute | environment
     params: tuple[str, ...] = ()  # parameters the target must (still) have
 
     @property
@@ -58,6 +60,20 @@ class AppliedPatch:
             self.active = False
 
 
+class _Environment:
+    """`os.environ` seen as attributes (None = unset), so an environment variable is applied and undone like any
+    other target."""
+
+    def __getattr__(self, name: str) -> str | None:
+        return os.environ.get(name)
+
+    def __setattr__(self, name: str, value: str | None) -> None:
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+
+
 class PatchRegistry:
     def __init__(self) -> None:
         self._patches: dict[str, Patch] = {}
@@ -82,6 +98,12 @@ class PatchRegistry:
     def resolve(self, name: str) -> tuple[Any, Any]:
         """(owner object, current target) after checking the target against the patch's contract."""
         patch = self.get(name)
+        if patch.kind == "environment":
+            if patch.target != f"os:environ.{patch.attribute}":
+                raise PatchTargetError(f"patch {name!r}: an environment target is 'os:environ.NAME', not "
+                                       f"{patch.target!r}")
+            owner = _Environment()
+            return owner, getattr(owner, patch.attribute)
         try:
             owner = importlib.import_module(patch.module)
         except ImportError as exc:

@@ -13,8 +13,10 @@ API for the runner (wiring: return `AscendPCPManager` from the runner's `pcp_man
   `get_dummy_slot_mappings`, all views of the persistent buffers.
 * `validate_pcp_config(vllm_config, supports_mm_inputs)`: `PCPConfigError` naming each conflict (DCP, pipeline
   parallel, encoder-decoder, multimodal, LoRA, FULL graphs for prefills).
-* `partition`: the head-and-tail split as plain numbers; `attention`: partial attention + log-sum-exp merge, the
-  torch reference of context-parallel prefill attention.
+* `partition`: the head-and-tail split as plain numbers; `layout`: where each prefill chunk finds its keys in the
+  all-gathered K/V (`manager.attention_layout`, per step); `attention`: the K/V all-gather into every rank's cache
+  replica and chunk attention (cached context + gathered step keys, merged by log-sum-exp through `ascend_kernels`),
+  which `AscendAttentionImpl` runs.
 """
 
 from ascend_platform.pcp.buffers import PCPInputBuffers

@@ -1,91 +1,71 @@
-"""Context-parallel prefill attention in plain torch: partial attention per KV shard and the log-sum-exp merge.
+"""Prefill context-parallel attention for the Ascend backend: gather K/V across the PCP group, attend, merge.
 
-Under PCP a rank holds the queries of its head and tail chunks but needs keys from every rank. It gathers each
-rank's (padded) keys, values, positions and request ids, attends to each shard separately, keeping the
-log-sum-exp of every row, and merges the partial outputs: out = Σ_j exp(lse_j - lse) · out_j with
-lse = log Σ_j exp(lse_j). On an NPU the fused kernels do the same in one pass; here it is the reference the
-simulated lane and the distributed tests run.
+Per layer and step, every rank:
+1. all-gathers its local K/V (keys and values packed along the last dim, so one collective moves both) over vLLM's
+   PCP group and writes all of it into its own replica of the KV cache with the gathered slot mapping (padding and
+   duplicate replicas carry slot -1), so later steps read one complete cache on every rank;
+2. attends each local prefill chunk to its request's keys in two parts: the context cached before this step
+   (`ops.paged_attention_with_lse`, all visible) and this step's keys up to the chunk's end straight from the
+   gathered K/V (`ops.gather_kv_rows`, `ops.attention_with_lse`, causal), then merges the parts by their
+   log-sum-exp (`ops.merge_attention_states`). Decode rows read the replica like any paged decode.
+
+Which gathered rows each chunk needs is the step's `PCPAttentionLayout` (computed by the PCP manager). The same
+functions run in the engine (through `AscendAttentionImpl`) and in the two-process check
+(`ascend_testkit.cp_step_driver`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import torch
 
-
-def partial_attention(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    allowed: torch.Tensor,
-    scale: float,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Attention of `q` [Tq, H, D] over `k`, `v` [Tk, Hkv, D] where `allowed` [Tq, Tk] is True.
-
-    Returns the output [Tq, H, D] and the log-sum-exp [Tq, H]; a row with no allowed key gets output 0 and
-    lse -inf, so it weighs nothing in a merge.
-    """
-    num_heads, num_kv_heads = q.shape[1], k.shape[1]
-    if num_heads % num_kv_heads:
-        raise ValueError(f"{num_heads} query heads are not a multiple of {num_kv_heads} KV heads")
-    group = num_heads // num_kv_heads
-    k = k.repeat_interleave(group, dim=1)
-    v = v.repeat_interleave(group, dim=1)
-    scores = torch.einsum("qhd,khd->hqk", q.float(), k.float()) * scale
-    scores = scores.masked_fill(~allowed.unsqueeze(0), float("-inf"))
-    lse = torch.logsumexp(scores, dim=-1)  # [H, Tq]
-    weights = torch.exp(scores - lse.unsqueeze(-1)).nan_to_num(0.0)
-    out = torch.einsum("hqk,khd->qhd", weights, v.float())
-    return out.to(q.dtype), lse.transpose(0, 1).contiguous()
+from ascend_platform import usage
+from ascend_platform.facade import kernel_ops
+from ascend_platform.pcp.layout import PCPAttentionLayout
 
 
-def merge_attention_states(outs: Sequence[torch.Tensor], lses: Sequence[torch.Tensor]) -> torch.Tensor:
-    """Merge partial attention outputs [Tq, H, D] by their log-sum-exps [Tq, H] into the full attention output."""
-    if not outs or len(outs) != len(lses):
-        raise ValueError(f"need one lse per partial output, got {len(outs)} outputs and {len(lses)} lses")
-    stacked_lse = torch.stack([lse.float() for lse in lses])  # [S, Tq, H]
-    total = torch.logsumexp(stacked_lse, dim=0)
-    weights = torch.exp(stacked_lse - total.unsqueeze(0)).nan_to_num(0.0)  # rows with no key anywhere stay 0
-    merged = sum(w.unsqueeze(-1) * o.float() for w, o in zip(weights, outs, strict=True))
-    return merged.to(outs[0].dtype)
+def pack_kv(key: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
+    """[tokens, kv_heads, key_size + value_size]: what one all-gather moves."""
+    return torch.cat([key, value.to(key.dtype)], dim=-1)
 
 
-def causal_allowed(
-    q_pos: torch.Tensor, q_req: torch.Tensor, k_pos: torch.Tensor, k_req: torch.Tensor, k_valid: torch.Tensor
-) -> torch.Tensor:
-    """[Tq, Tk] mask: same request, key not after the query, key not padding."""
-    return (q_req[:, None] == k_req[None, :]) & (k_pos[None, :] <= q_pos[:, None]) & k_valid[None, :]
+def all_gather_kv(key: torch.Tensor, value: torch.Tensor, group=None) -> torch.Tensor:
+    """Every rank's packed K/V, rank after rank (each rank's padded local tokens), over vLLM's PCP group."""
+    if group is None:
+        from vllm.distributed.parallel_state import get_pcp_group
+
+        group = get_pcp_group()
+    with usage.timed("pcp.kv_all_gather"):
+        return group.all_gather(pack_kv(key, value).contiguous(), dim=0)
 
 
-def context_parallel_attention(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    positions: torch.Tensor,
-    request_ids: torch.Tensor,
-    valid: torch.Tensor,
-    scale: float,
-    group: torch.distributed.ProcessGroup | None = None,
-) -> torch.Tensor:
-    """This rank's causal prefill attention when the keys are split across the PCP ranks of `group`.
+def cache_gathered_kv(gathered: torch.Tensor, key_size: int, key_cache: torch.Tensor, value_cache: torch.Tensor,
+                      slot_mapping: torch.Tensor) -> None:
+    """Write every rank's tokens into this rank's KV replica (slots -1 are padding or another rank's duplicate)."""
+    with usage.timed("kernels.reshape_and_cache"):
+        kernel_ops().reshape_and_cache(gathered[..., :key_size], gathered[..., key_size:], key_cache, value_cache,
+                                       slot_mapping[: gathered.shape[0]])
 
-    Every rank passes its local (padded, equally long) tokens: queries/keys/values, each token's position and
-    request id within the step, and whether it is a real token. Each rank's shard is all-gathered, attended to
-    separately, and merged by log-sum-exp.
-    """
-    import torch.distributed as dist
 
-    world = dist.get_world_size(group)
-    shards = []
-    for tensor in (k, v, positions, request_ids, valid):
-        parts = [torch.empty_like(tensor) for _ in range(world)]
-        dist.all_gather(parts, tensor.contiguous(), group=group)
-        shards.append(parts)
-    outs, lses = [], []
-    for k_j, v_j, pos_j, req_j, valid_j in zip(*shards, strict=True):
-        allowed = causal_allowed(positions, request_ids, pos_j, req_j, valid_j)
-        out, lse = partial_attention(q, k_j, v_j, allowed, scale)
-        outs.append(out)
-        lses.append(lse)
-    return merge_attention_states(outs, lses)
+def chunk_attention(query: torch.Tensor, gathered: torch.Tensor, key_size: int, key_cache: torch.Tensor,
+                    value_cache: torch.Tensor, block_table: torch.Tensor, layout: PCPAttentionLayout, *,
+                    scale: float, out: torch.Tensor) -> torch.Tensor:
+    """Attention of this rank's prefill chunks (`query`: their tokens, rows as in `layout`) into `out`."""
+    ops = kernel_ops()
+    keys, values = ops.gather_kv_rows(gathered, layout.kv_index, key_size=key_size)
+    usage.count("pcp.attention.chunks", layout.num_prefill_rows)
+    if not layout.has_context:
+        with usage.timed("kernels.attention_with_lse"):
+            ops.attention_with_lse(query, keys, values, layout.query_start_loc, layout.kv_start_loc, scale=scale,
+                                   out=out)
+        return out
+    with usage.timed("kernels.attention_with_lse"):
+        step_out, step_lse = ops.attention_with_lse(query, keys, values, layout.query_start_loc,
+                                                    layout.kv_start_loc, scale=scale)
+    with usage.timed("kernels.paged_attention_with_lse"):
+        ctx_out, ctx_lse = ops.paged_attention_with_lse(query, key_cache, value_cache, block_table,
+                                                        layout.query_start_loc, layout.context_lens, scale=scale,
+                                                        causal=False)
+    with usage.timed("kernels.merge_attention_states"):
+        ops.merge_attention_states([ctx_out, step_out], [ctx_lse, step_lse], out=out)
+    usage.count("pcp.attention.merged_chunks", layout.context_rows)
+    return out

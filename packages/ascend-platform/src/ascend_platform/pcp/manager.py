@@ -2,7 +2,7 @@
 
 vLLM's manager rewrites each step's global `InputBatch` into this rank's head-and-tail chunks
 (`ascend_platform.pcp.partition`), pads it to the graph descriptor and restores the global hidden states before
-sampling. Ascend's subclass changes four things:
+sampling. Ascend's subclass changes five things:
 
 * every input tensor lives in one `PCPInputBuffers` allocated at start-up, so captured graphs replay on the same
   addresses (vLLM PR 53515); capture batches are staged there too, and the capture block tables and slot mappings
@@ -10,12 +10,15 @@ sampling. Ascend's subclass changes four things:
 * the local batch is padded to the descriptor's token count but never below its real token count: a descriptor
   too small for the real tokens turns the step eager at the real count (the seed bug kept 76 of 151 tokens);
 * the host copy of the sequence lengths is filled each step for kernels that take lengths on the host;
+* each step it works out where this rank's prefill chunks find their keys in the all-gathered K/V
+  (`attention_layout`, see `ascend_platform.pcp.layout`), which the Ascend attention backend reads;
 * the configuration check is Ascend's (`validate_pcp_config`), and constructor/partition keywords go through
   `ascend_core.upstream.pcp`, so the class works with each lane's upstream manager.
 """
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 from collections.abc import Sequence
 from typing import Any
@@ -30,7 +33,9 @@ from vllm.v1.worker.gpu.input_batch import InputBatch
 from vllm.v1.worker.gpu.pcp_manager import PCPManager
 
 from ascend_core.upstream.pcp import pcp_has_capture_buffers, pcp_init_kwargs, pcp_partition_kwargs
+from ascend_platform import usage
 from ascend_platform.pcp.buffers import QUERY_PAD_SLOTS, PCPInputBuffers
+from ascend_platform.pcp.layout import PCPAttentionLayout, build_layout, canonical_gather_index
 from ascend_platform.pcp.partition import local_tokens_after_padding, rank_token_counts
 from ascend_platform.pcp.validation import validate_pcp_config
 
@@ -45,6 +50,16 @@ class PCPStepPlan:
     descriptor_tokens: int | None  # the graph descriptor's token count as dispatched; None when eager
     local_tokens_after_padding: int  # this rank's padded local batch, >= every rank's real count
     widened: bool  # the descriptor was smaller than the real tokens, so the step runs eagerly at the real count
+    descriptor_mode: str = "NONE"  # the graph mode the step was dispatched with
+    prefill_rows: int = 0  # this rank's prefill chunks (attended over the all-gathered K/V)
+    context_rows: int = 0  # of which continue a context (their attention merges the cached part)
+    buffers_in_place: bool = True  # the local batch's tensors are views of the persistent buffers
+
+    def as_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+STEP_LOG_LENGTH = 256
 
 
 class AscendPCPManager(PCPManager):
@@ -117,6 +132,10 @@ class AscendPCPManager(PCPManager):
         self._global_batch_slot_mappings = self.buffers.global_slot_mappings if widths else None
         self._gathered_kv_slot_mappings = self.buffers.gathered_slot_mappings if widths else None
         self.last_plan: PCPStepPlan | None = None
+        self.attention_layout: PCPAttentionLayout | None = None
+        self.initial_addresses = self.buffers.addresses()
+        self.step_log: collections.deque[PCPStepPlan] = collections.deque(maxlen=STEP_LOG_LENGTH)
+        self._segments_by_rank: list | None = None
 
     # --- configuration -------------------------------------------------------------------------------------------
 
@@ -183,17 +202,70 @@ class AscendPCPManager(PCPManager):
         padded = local.num_tokens_after_padding
         if padded < int(real.max()):  # the upstream contract we rely on; never let a rank lose tokens silently
             raise RuntimeError(f"PCP local batch padded to {padded} tokens holds fewer than the real {int(real.max())}")
+        self.attention_layout = self._attention_layout(input_batch, padded)
+        layout = self.attention_layout
+        in_place = self._in_place(local)
         self.last_plan = PCPStepPlan(
             real_tokens_per_rank=tuple(int(x) for x in real),
             descriptor_tokens=descriptor_tokens,
             local_tokens_after_padding=padded,
             widened=batch_desc is not None and effective is not batch_desc,
+            descriptor_mode=effective.cg_mode.name if effective is not None else "NONE",
+            prefill_rows=layout.num_prefill_rows if layout is not None else 0,
+            context_rows=layout.context_rows if layout is not None else 0,
+            buffers_in_place=in_place,
         )
+        self.step_log.append(self.last_plan)
+        usage.count("pcp.steps")
+        if not in_place:
+            usage.count("pcp.buffers_moved")
         n = local.num_reqs_after_padding
         host = self.buffers.seq_lens_cpu
         host[:n].copy_(local.seq_lens_cpu_upper_bound[:n])
         host[n:].zero_()
         return local
+
+    def _build_batch_layout(self, num_scheduled_tokens, num_computed_tokens, is_prefilling, query_start_loc_np,
+                            padded_num_tokens=None):
+        segments_by_rank, per_rank = super()._build_batch_layout(
+            num_scheduled_tokens, num_computed_tokens, is_prefilling, query_start_loc_np,
+            padded_num_tokens=padded_num_tokens)
+        self._segments_by_rank = segments_by_rank  # the attention layout reads every rank's segments
+        return segments_by_rank, per_rank
+
+    def _canonical(self, global_batch: InputBatch) -> list[list[bool]]:
+        """Per rank and segment: whether that copy of the tokens is the one written (vLLM's rule for replicas)."""
+        assert self._segments_by_rank is not None
+        prefilling = global_batch.is_prefilling_np
+        replicated = self.replicated_requests(global_batch.num_scheduled_tokens, prefilling)
+        keep = []
+        for rank, segments in enumerate(self._segments_by_rank):
+            row = []
+            for seg in segments:
+                g = seg.global_batch_req_idx
+                sharded_decode = not bool(prefilling[g]) and self.shard_decode_requests
+                row.append(not (replicated[g] and not sharded_decode and rank != 0))
+            keep.append(row)
+        return keep
+
+    def _attention_layout(self, global_batch: InputBatch, padded: int) -> PCPAttentionLayout | None:
+        if self._segments_by_rank is None:
+            return None
+        local = self._segments_by_rank[self.pcp_rank]
+        if not any(bool(global_batch.is_prefilling_np[s.global_batch_req_idx]) for s in local):
+            return None
+        qsl = global_batch.query_start_loc_np
+        gather_index = canonical_gather_index(self._segments_by_rank, padded, int(qsl[global_batch.num_reqs]),
+                                              self._canonical(global_batch))
+        return build_layout(local, gather_index, query_start_loc_np=qsl,
+                            num_computed_tokens_np=global_batch.num_computed_tokens_np,
+                            is_prefilling_np=global_batch.is_prefilling_np, device=self.device)
+
+    def _in_place(self, local: InputBatch) -> bool:
+        a = self.initial_addresses
+        return (local.input_ids.data_ptr() == a["input_ids"] and local.positions.data_ptr() == a["positions"]
+                and local.query_start_loc.data_ptr() == a["query_start_loc"]
+                and local.seq_lens.data_ptr() == a["seq_lens"] and self.buffers.addresses() == a)
 
     @property
     def restore_index(self) -> torch.Tensor | None:
@@ -204,6 +276,7 @@ class AscendPCPManager(PCPManager):
 
     def prepare_inputs_to_capture(self, input_batch: InputBatch) -> InputBatch:
         """Stage a capture or dummy batch in the persistent buffers (copies are skipped where it already lives)."""
+        self.attention_layout = None  # dummy rows attend over the KV replica only
         if pcp_has_capture_buffers(PCPManager):
             staged = super().prepare_inputs_to_capture(input_batch)
         else:

@@ -39,6 +39,17 @@ def pcp_conflicts(vllm_config: Any, supports_mm_inputs: bool = False) -> list[st
     model = vllm_config.model_config
     if model is not None and getattr(model, "is_encoder_decoder", False):
         conflicts.append(f"encoder-decoder model ({model.model}): PCP splits decoder-only prefills")
+    if model is not None and getattr(model, "use_mla", False):
+        conflicts.append(f"MLA model ({model.model}): the Ascend MLA backend (ASCEND_MLA) does not serve PCP; only "
+                         "the ASCEND attention backend does")
+    window = model.get_sliding_window() if model is not None and hasattr(model, "get_sliding_window") else None
+    if window:
+        conflicts.append(f"sliding-window attention (sliding_window={window}): PCP chunks attend to their whole "
+                         "context")
+    spec = getattr(vllm_config, "speculative_config", None)
+    if spec is not None:
+        conflicts.append(f"speculative decoding (method={getattr(spec, 'method', '?')!r}): the Ascend PCP runner "
+                         "does not partition draft batches")
     if supports_mm_inputs:
         conflicts.append("multimodal inputs: the model accepts multimodal inputs, which PCP cannot split")
     if getattr(vllm_config, "lora_config", None) is not None:

@@ -3,7 +3,10 @@
 MRV2 allocates inside `initialize_kv_cache` through a module-level `init_kv_cache` and has no hook for it, so our
 runner swaps in `_ascend_init_kv_cache` for the duration of that call via the registered patch
 `mrv2.init_kv_cache` (see `ascend_platform.patches.catalogue`). Nothing stays patched afterwards. Prefill context
-parallel uses `ascend_platform.pcp.AscendPCPManager` through upstream's `pcp_manager_cls` hook.
+parallel uses `ascend_platform.pcp.AscendPCPManager` through upstream's `pcp_manager_cls` hook; the attention
+builders get that manager (its per-step attention layout). Graphs follow `GraphCapturePlan` through
+`AscendGraphManager`, built in place of vLLM's graph manager (scoped patch `mrv2.cudagraph_manager`); the simulated
+lane, whose CPU worker never captures, captures (eagerly, recording) once its KV cache exists.
 """
 
 from __future__ import annotations
@@ -34,10 +37,25 @@ class AscendRunnerV2Mixin:
 
     def initialize_kv_cache(self, kv_cache_config: Any, is_profiling: bool = False,
                             kv_cache_allocation_context: AbstractContextManager | None = None) -> None:
+        from ascend_platform.graph.manager import AscendGraphManager
+
         usage.note("runner", "v2")
-        with REGISTRY.applied("mrv2.init_kv_cache", self._ascend_init_kv_cache):
+        with REGISTRY.applied("mrv2.init_kv_cache", self._ascend_init_kv_cache), \
+                REGISTRY.applied("mrv2.cudagraph_manager", AscendGraphManager):
             super().initialize_kv_cache(kv_cache_config, is_profiling=is_profiling,
                                         kv_cache_allocation_context=kv_cache_allocation_context)
+        self._bind_pcp_manager()
+
+    def _bind_pcp_manager(self) -> None:
+        """Attention builders read the PCP manager's per-step layout (where each prefill chunk's keys are)."""
+        if self.pcp_manager is None:
+            return
+        for groups in self.attn_groups:
+            for group in groups:
+                for builder in group.metadata_builders:
+                    if hasattr(builder, "bind_pcp_manager"):
+                        builder.bind_pcp_manager(self.pcp_manager)
+        usage.note("pcp_manager", f"{type(self.pcp_manager).__module__}.{type(self.pcp_manager).__qualname__}")
 
     def _ascend_init_kv_cache(self, forward_context: dict[str, Any], kv_cache_config: Any, device: torch.device,
                               kernel_block_sizes: list[int], vllm_config: Any,
@@ -83,17 +101,31 @@ class SimulatedModelRunnerV2(AscendRunnerV2Mixin, CPUModelRunnerV2):
 
     def initialize_kv_cache(self, kv_cache_config: Any, is_profiling: bool = False,
                             kv_cache_allocation_context: AbstractContextManager | None = None) -> None:
+        from contextlib import ExitStack
+
         from ascend_platform.simulated import triton_interpreter
 
-        if not triton_interpreter.enabled():
-            super().initialize_kv_cache(kv_cache_config, is_profiling=is_profiling,
-                                        kv_cache_allocation_context=kv_cache_allocation_context)
-            return
-        from ascend_platform.simulated.mrv2_kernels.block_tables import SimulatedBlockTables
+        with ExitStack() as scope:
+            if triton_interpreter.enabled():
+                from ascend_platform.simulated.mrv2_kernels.block_tables import SimulatedBlockTables
 
-        with REGISTRY.applied("mrv2.block_tables", SimulatedBlockTables):
+                scope.enter_context(REGISTRY.applied("mrv2.block_tables", SimulatedBlockTables))
             super().initialize_kv_cache(kv_cache_config, is_profiling=is_profiling,
                                         kv_cache_allocation_context=kv_cache_allocation_context)
+        if not is_profiling:
+            self.capture_graphs_eagerly()
+
+    def capture_graphs_eagerly(self) -> None:
+        """The simulated lane's graph capture (vLLM's capture_model needs a CUDA-like device): every planned graph,
+        through the graph manager, with the PCP manager's persistent buffers as inputs."""
+        manager = self.cudagraph_manager
+        if manager is None or not manager.needs_capture():
+            return
+        input_buffers = self.pcp_manager.input_buffers if self.pcp_manager is not None else self.input_buffers
+        manager.capture(self.model, self.model_state, input_buffers, self.intermediate_tensors, self.block_tables,
+                        self.attn_groups, self.kv_cache_config, pcp_manager=self.pcp_manager,
+                        has_lora=self.lora_config is not None,
+                        use_aux_hidden_state_outputs=self.use_aux_hidden_state_outputs)
 
 
 class NPUModelRunnerV2(AscendRunnerV2Mixin, GPUModelRunnerV2):

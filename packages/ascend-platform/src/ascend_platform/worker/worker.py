@@ -18,6 +18,7 @@ from vllm.logger import init_logger
 
 from ascend_platform import usage
 from ascend_platform.facade import kernel_backend_name, select_kernel_backend
+from ascend_platform.patches import REGISTRY
 from ascend_platform.registration import simulate_requested
 from ascend_platform.worker.sleep import SleepController
 
@@ -139,14 +140,22 @@ def _simulated_worker() -> type:
             def skip_set_num_threads(n: int) -> None:
                 logger.warning("torch.set_num_threads(%d) skipped after the CPU thread binding", n)
 
-            torch.set_num_threads = skip_set_num_threads
             init_method = self.distributed_init_method
-            os.environ["VLLM_DIST_IDENT"] = (os.path.basename(init_method.removeprefix("file://"))
-                                             if init_method.startswith("file://") else init_method.split(":")[-1])
+            ident = (os.path.basename(init_method.removeprefix("file://")) if init_method.startswith("file://")
+                     else init_method.split(":")[-1])
+            self._process_patches = [REGISTRY.apply("worker.torch_set_num_threads", skip_set_num_threads),
+                                     REGISTRY.apply("worker.dist_ident", ident)]
             init_worker_distributed_environment(self.vllm_config, self.rank, self.distributed_init_method,
                                                 self.local_rank, NPUPlatform.dist_backend)
             set_random_seed(self.model_config.seed)
             self.model_runner = self._build_runner()
+
+        def shutdown(self) -> None:
+            try:
+                super().shutdown()
+            finally:
+                for handle in reversed(getattr(self, "_process_patches", ())):
+                    handle.undo()
 
     return SimulatedAscendWorker
 

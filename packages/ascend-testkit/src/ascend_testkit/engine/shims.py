@@ -15,3 +15,11 @@ def cpu_accelerator_index() -> None:
         torch.accelerator.current_device_index()
     except RuntimeError:
         torch.accelerator.current_device_index = lambda: 0
+
+
+
+def without_triton() -> None:
+    """Make this process look like a machine without the `triton` package (imports of it fail, as when absent)."""
+    import sys
+
+    sys.modules["triton"] = None  # type: ignore[assignment]

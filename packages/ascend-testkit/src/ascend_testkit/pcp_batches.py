@@ -1,8 +1,8 @@
 """A scheduled step's global `InputBatch`, laid out as MRV2's `prepare_inputs` lays it out, from plain counts.
 
-The PCP manager takes the runner's global batch; code that drives the manager without a scheduler (the
-distributed attention check, warm-ups, tests) builds that batch here from each request's computed and scheduled
-token counts, in the given input buffers.
+The PCP manager takes the runner's global batch; code that drives the manager without a scheduler (the two-process
+attention check `ascend_testkit.cp_step_driver`, unit tests) builds that batch here from each request's computed and
+scheduled token counts, in the given input buffers.
 """
 
 from __future__ import annotations
