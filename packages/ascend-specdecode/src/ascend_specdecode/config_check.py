@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ascend_specdecode.methods import draft_architectures, method_family
+from ascend_specdecode.methods import draft_architectures, method_family, upstream_only_variant
 
 
 class SpeculativeConfigError(ValueError):
@@ -64,6 +64,9 @@ def validate_speculative_config(
         family = method_family(method, draft_architectures(speculative_config))
     except ValueError as exc:
         problems.append(str(exc))
+    variant = None if isinstance(speculative_config, Mapping) else upstream_only_variant(speculative_config)
+    if variant is not None:
+        problems.append(f"{variant} is not run by the Ascend speculators")
 
     k = _get(speculative_config, "num_speculative_tokens")
     if isinstance(k, bool) or not isinstance(k, int) or k <= 0:
