@@ -8,7 +8,8 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from ascend_core.upstream.probes import ProbeResult
 
-SUPPORTED_RANGE = "vLLM 0.24 - 0.33 (legacy lane <= 0.28, current lane >= 0.29)"
+SUPPORTED_RANGE = ("vLLM 0.32.0 engine-tested in CI (current lane, >= 0.29); the legacy lane (<= 0.28) is probed "
+                   "but not engine-tested yet")
 
 
 class UpstreamContractError(RuntimeError):
