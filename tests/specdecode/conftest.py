@@ -1,9 +1,11 @@
-"""Engine-level speculative-decoding tests: shared models and the engines of both lanes, started once per session.
+"""Engine-level speculative-decoding tests: shared models and the engines of both runners, started once per session.
 
-Lanes: the simulated-NPU lane (``ASCEND_VLLM_SIMULATE=1``: the Ascend platform runs the engine and wires the
-speculators itself) carries the full proof: a no-speculation baseline, every self-draft and every random draft.
-vLLM's own CPU platform (``SpecDecodeCPUWorker``) runs one engine, an EAGLE self-draft, to show the package works
-there too. Engines run on the session's shared hosts (tests/conftest.py), one after another.
+Model Runner V2 (`sim_host`, the simulated lane's default runner) runs every method through the Ascend speculators
+and verifier (`MRV2Runs`, cases from `ascend_testkit.speculation.MRV2_CASES`): EAGLE, MTP, DFlash, DFlash2 and
+DSpark, each against a no-speculation baseline of its target, as one batch of mixed prompt lengths around the KV
+block boundary. The V1 runner (`sim_v1_host`) keeps what only V1 runs here (`draft_model`) and EAGLE/DFlash with the
+Ascend V1 verifier; vLLM's own CPU platform (``SpecDecodeCPUWorker``) runs one engine, an EAGLE self-draft. Engines
+run on the session's shared hosts (tests/conftest.py), one after another.
 """
 
 from __future__ import annotations
@@ -34,6 +36,11 @@ LANE_CASES = {
     SIMULATED: [BASELINE, "draft_model-self", "eagle-self", "draft_model-random", "eagle-random", "dflash-random"],
     VLLM_CPU: ["eagle-self"],
 }
+# Model Runner V2: one batch of mixed lengths around the 32-token block boundary (prompts end one before, at and one
+# past it; the short one crosses it while generating), each method against its target's baseline.
+MRV2_PROMPT_LENGTHS = (9, 31, 32, 33)
+MRV2_PROMPTS = [prompt_of_length(n, offset=37 * i) for i, n in enumerate(MRV2_PROMPT_LENGTHS)]
+MRV2_MAX_TOKENS = 28
 
 
 @pytest.fixture(scope="session")
@@ -95,3 +102,39 @@ class CaseRuns:
 def run_case(sim_v1_host, cpu_host, draft_models):
     """`run_case(lane, case)` -> `ascend_testkit.speculation.measure` of that engine."""
     return CaseRuns({SIMULATED: sim_v1_host, VLLM_CPU: cpu_host}, draft_models)
+
+
+class MRV2Runs:
+    """Each `MRV2_CASES` engine on the Model Runner V2 host, run once on first use (`measure` of one batch)."""
+
+    def __init__(self, host, models: dict[str, dict]) -> None:
+        self.host, self.models = host, models
+        self.results: dict[str, dict] = {}
+
+    def __call__(self, case: str) -> dict:
+        if case not in self.results:
+            from ascend_testkit.speculation import measure
+
+            m = self.models[case]
+            self.results[case] = measure(self.host, m["model"], m["spec"], MRV2_PROMPTS, MRV2_MAX_TOKENS,
+                                         sequential=False, **ENGINE_KWARGS, **m["engine"])
+        return self.results[case]
+
+
+@pytest.fixture(scope="session")
+def engine_kwargs() -> dict:
+    """The LLM arguments every engine of these suites uses."""
+    return dict(ENGINE_KWARGS)
+
+
+@pytest.fixture(scope="session")
+def mrv2_models(specdecode_cache) -> dict[str, dict]:
+    from ascend_testkit.speculation import mrv2_case_models
+
+    return mrv2_case_models(specdecode_cache, K)
+
+
+@pytest.fixture(scope="session")
+def run_mrv2(sim_host, mrv2_models):
+    """`run_mrv2(case)` -> `ascend_testkit.speculation.measure` of that Model Runner V2 engine."""
+    return MRV2Runs(sim_host, mrv2_models)

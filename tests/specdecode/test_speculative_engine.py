@@ -1,9 +1,10 @@
-"""Speculative decoding in a real vLLM engine: a draft equal to the target is always accepted, any draft is lossless.
+"""Speculative decoding on vLLM's V1 model runner: a draft equal to the target is always accepted, any is lossless.
 
 The target is a tiny random Llama with peaked output distributions (greedy choices are not decided by rounding),
-made EAGLE-compatible (draft_checkpoints). Floors are per draft position, vLLM's convention (accepted at position i
-over all drafts), so a drop at any single position fails the test by name. The simulated-NPU lane carries the whole
-proof; vLLM's own CPU platform runs the EAGLE self-draft (see conftest).
+made EAGLE-compatible (ascend_testkit.models.drafts). Floors are per draft position, vLLM's convention (accepted at
+position i over all drafts), so a drop at any single position fails the test by name. V1 is the runner of
+`draft_model` here and of the release lane; Model Runner V2 is test_mrv2_speculation.py. vLLM's own CPU platform
+runs the EAGLE self-draft (see conftest).
 """
 
 from __future__ import annotations

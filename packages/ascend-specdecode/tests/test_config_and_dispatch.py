@@ -1,4 +1,4 @@
-"""Configuration validation, method families, dispatch order and the V1-only feature filter."""
+"""Configuration validation, method families and dispatch order."""
 
 from __future__ import annotations
 
@@ -7,7 +7,6 @@ import pytest
 from ascend_specdecode.config_check import SpeculativeConfigError, validate_speculative_config
 from ascend_specdecode.dispatch import SPECULATOR_CLASSES, select_speculator
 from ascend_specdecode.methods import DISPATCH_ORDER, method_family
-from ascend_specdecode.v1_filter import CANDIDATE_HEAD_FEATURE, DSPARK_FEATURE, v1_unsupported_filter
 
 
 def test_valid_config_returns_family():
@@ -124,33 +123,35 @@ def test_dflash2_model_factories():
     assert dflash2.AscendDFlash2Qwen3Model.decoder_layer_cls is dflash2.AscendDFlash2Qwen3DecoderLayer
 
 
-UPSTREAM_V1_LIST = [
-    "prefill context parallel",
-    DSPARK_FEATURE,
-    "adaptive draft verification",
-    "mixed sliding/full dflash drafts",
-    CANDIDATE_HEAD_FEATURE,
-    "batch-sharded sampling",
-]
+def test_lilicorr_drafts_are_refused_not_run_as_dflash():
+    """vLLM drafts a LiLiCorr checkpoint with its own speculator; DFlash's would drop its correlator silently."""
+    with pytest.raises(ValueError, match="LiLiCorrDraftModel draft"):
+        method_family("dflash", ["LiLiCorrDraftModel"])
+
+    class Spec:
+        method = "dflash"
+        num_speculative_tokens = 2
+        draft_model_config = type("D", (), {"architectures": ["LiLiCorrDraftModel"]})()
+
+    with pytest.raises(SpeculativeConfigError, match="LiLiCorr correlator drafts"):
+        validate_speculative_config(Spec())
 
 
-def test_v1_filter_removes_only_dspark_and_dflash2():
-    kept = v1_unsupported_filter(UPSTREAM_V1_LIST, ["DFlash2DraftModel"])
-    assert kept == [f for f in UPSTREAM_V1_LIST if f not in (DSPARK_FEATURE, CANDIDATE_HEAD_FEATURE)]
+@pytest.mark.parametrize(("probe", "needle"), [("use_multi_module_mtp", "multi-module MTP"),
+                                               ("use_gemma4_mtp", "Gemma4 MTP")])
+def test_mtp_variants_with_their_own_upstream_speculator_are_refused(probe, needle):
+    class Spec:
+        method = "mtp"
+        num_speculative_tokens = 2
+        draft_model_config = None
 
+        def use_multi_module_mtp(self):
+            return probe == "use_multi_module_mtp"
 
-def test_v1_filter_keeps_lilicorr_candidate_heads():
-    # Upstream reports LiLiCorr drafts under the same entry; only DFlash2 is ours to allow.
-    assert CANDIDATE_HEAD_FEATURE in v1_unsupported_filter(UPSTREAM_V1_LIST, ["LiLiCorrDraftModel"])
-    assert CANDIDATE_HEAD_FEATURE in v1_unsupported_filter(UPSTREAM_V1_LIST)
-    assert DSPARK_FEATURE not in v1_unsupported_filter(UPSTREAM_V1_LIST)
+        def use_gemma4_mtp(self):
+            return probe == "use_gemma4_mtp"
 
-
-def test_v1_filter_against_a_real_vllm_config():
-    """Build the entry from upstream's own method on a real VllmConfig with DFlash2 shape."""
-    from vllm.config import VllmConfig
-
-    from ascend_specdecode.v1_filter import filtered_v1_unsupported_features
-
-    config = VllmConfig()
-    assert filtered_v1_unsupported_features(config) == config._get_v1_model_runner_unsupported_features()
+    with pytest.raises(ValueError, match=needle):
+        select_speculator(Spec())
+    with pytest.raises(SpeculativeConfigError, match=needle):
+        validate_speculative_config(Spec())

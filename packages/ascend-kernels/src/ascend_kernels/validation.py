@@ -75,6 +75,15 @@ def number(op: str, name: str, value: object, expected: str, *, positive: bool =
 # ----------------------------------------------------------------------------------------------- per-op checks
 
 
+def start_offsets(op: str, name: str, t: object, rows: int | None, dev: torch.device, what: str = "num_rows") -> None:
+    """A `[rows + 1]` integer tensor of start offsets (`what` names the rows in the message) on `dev`."""
+    expected = f"[{rows + 1}]" if rows is not None else f"[{what} + 1]"
+    index(op, name, t, 1, expected)
+    if rows is not None and t.shape[0] != rows + 1:
+        fail(op, name, t, f"{expected} ({what} + 1) of dtype int32 or int64")
+    same_device(op, name, t, dev, expected)
+
+
 def check_reshape_and_cache(key, value, key_cache, value_cache, slot_mapping) -> None:
     op = "reshape_and_cache"
     tensor(op, "key", key, 3, "[num_tokens, num_kv_heads, head_size]")

@@ -4,7 +4,16 @@ from __future__ import annotations
 
 import torch
 
-from ascend_kernels.validation import check_paged_attention, fail, floating, index, number, same_device, tensor
+from ascend_kernels.validation import (
+    check_paged_attention,
+    fail,
+    floating,
+    index,
+    number,
+    same_device,
+    start_offsets,
+    tensor,
+)
 
 
 def _lse_dtype_ok(lse: torch.Tensor) -> bool:
@@ -32,14 +41,6 @@ def check_merge_attention_states(outputs, lses, out) -> None:
         fail(op, "out", out, f"{list(first.shape)}")
 
 
-def _starts(op: str, name: str, t: object, rows: int | None, dev: torch.device) -> None:
-    expected = f"[{rows + 1}]" if rows is not None else "[num_rows + 1]"
-    index(op, name, t, 1, expected)
-    if rows is not None and t.shape[0] != rows + 1:
-        fail(op, name, t, f"{expected} (num_rows + 1) of dtype int32 or int64")
-    same_device(op, name, t, dev, expected)
-
-
 def check_attention_with_lse(q, k, v, query_start_loc, kv_start_loc, scale, out) -> None:
     op = "attention_with_lse"
     tensor(op, "q", q, 3, "[num_tokens, num_heads, head_size]")
@@ -57,8 +58,8 @@ def check_attention_with_lse(q, k, v, query_start_loc, kv_start_loc, scale, out)
         if x.dtype != dtype:
             fail(op, name, x, f"a tensor of dtype {dtype} (as q)")
         same_device(op, name, x, dev, "a tensor")
-    _starts(op, "query_start_loc", query_start_loc, None, dev)
-    _starts(op, "kv_start_loc", kv_start_loc, query_start_loc.shape[0] - 1, dev)
+    start_offsets(op, "query_start_loc", query_start_loc, None, dev)
+    start_offsets(op, "kv_start_loc", kv_start_loc, query_start_loc.shape[0] - 1, dev)
     number(op, "scale", scale, "a positive real number", positive=True)
     if out is not None and (not isinstance(out, torch.Tensor) or out.shape != (t, h, v.shape[2])
                             or out.dtype != dtype):

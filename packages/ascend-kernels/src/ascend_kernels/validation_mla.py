@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from ascend_kernels.validation import fail, floating, index, number, same_device, same_dtype, tensor
+from ascend_kernels.validation import fail, floating, index, number, same_device, same_dtype, start_offsets, tensor
 
 
 def _mla_cache(op: str, name: str, t: object, like: torch.Tensor | None, last: int | None) -> None:
@@ -36,14 +36,6 @@ def check_gather_mla_cache(latent_cache, rope_cache, block_table, seq_lens) -> N
     _requests(op, block_table, seq_lens, latent_cache.device)
 
 
-def _starts(op: str, name: str, t: object, r: int | None, dev: torch.device) -> None:
-    expected = f"[{r + 1}]" if r is not None else "[num_reqs + 1]"
-    index(op, name, t, 1, expected)
-    if r is not None and t.shape[0] != r + 1:
-        fail(op, name, t, f"{expected} (num_reqs + 1) of dtype int32 or int64")
-    same_device(op, name, t, dev, expected)
-
-
 def check_mla_prefill_attention(q, k_nope, k_rope, v, query_start_loc, kv_start_loc, scale, out) -> None:
     op = "mla_prefill_attention"
     tensor(op, "q", q, 3, "[num_tokens, num_heads, qk_nope + rope_dim]")
@@ -64,8 +56,8 @@ def check_mla_prefill_attention(q, k_nope, k_rope, v, query_start_loc, kv_start_
     for name, x in (("k_nope", k_nope), ("k_rope", k_rope), ("v", v)):
         same_dtype(op, name, x, dtype, "a tensor")
         same_device(op, name, x, dev, "a tensor")
-    _starts(op, "query_start_loc", query_start_loc, None, dev)
-    _starts(op, "kv_start_loc", kv_start_loc, query_start_loc.shape[0] - 1, dev)
+    start_offsets(op, "query_start_loc", query_start_loc, None, dev, what="num_reqs")
+    start_offsets(op, "kv_start_loc", kv_start_loc, query_start_loc.shape[0] - 1, dev, what="num_reqs")
     number(op, "scale", scale, "a positive real number", positive=True)
     if out is not None and (not isinstance(out, torch.Tensor) or out.shape != (t, h, v.shape[2])
                             or out.dtype != dtype):

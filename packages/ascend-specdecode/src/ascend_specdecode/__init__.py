@@ -3,7 +3,6 @@
 Public API (see README.md):
   select_speculator(speculative_config) -> class   dispatch dspark -> dflash(2) -> mtp -> eagle
   validate_speculative_config(spec, target)        one SpeculativeConfigError naming every bad value
-  v1_unsupported_filter(features, archs)           drop only DSpark and DFlash2 from upstream's V1-only list
   acceptance_from_metrics(llm.get_metrics())       per-position acceptance and mean accepted length
   AcceptanceReport.check_floor(floor)              fails naming each position under its floor
   install_speculative_decoding(runner)             drafter and verifier for a model runner (platform hook)
@@ -22,8 +21,6 @@ _EXPORTS = {
     "method_family": "ascend_specdecode.methods",
     "validate_speculative_config": "ascend_specdecode.config_check",
     "SpeculativeConfigError": "ascend_specdecode.config_check",
-    "v1_unsupported_filter": "ascend_specdecode.v1_filter",
-    "filtered_v1_unsupported_features": "ascend_specdecode.v1_filter",
     "AcceptanceReport": "ascend_specdecode.metrics",
     "AcceptanceBelowFloor": "ascend_specdecode.metrics",
     "AcceptanceFloorLogger": "ascend_specdecode.metrics",
@@ -32,6 +29,7 @@ _EXPORTS = {
     "install_speculative_decoding": "ascend_specdecode.runner_hooks",
     "install_verifier": "ascend_specdecode.runner_hooks",
     "AscendRejectionSampler": "ascend_specdecode.verification",
+    "AscendMRV2RejectionSampler": "ascend_specdecode.mrv2_verification",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ascend_specdecode.methods import DFLASH2, draft_architectures, method_family
+from ascend_specdecode.methods import DFLASH2, draft_architectures, method_family, upstream_only_variant
 
 
 class SpeculativeConfigError(ValueError):
@@ -70,6 +70,9 @@ def validate_speculative_config(
         refused = dflash2_unavailable_reason()
         if refused is not None:
             problems.append(f"DFlash2 drafts cannot run here: {refused}")
+    variant = None if isinstance(speculative_config, Mapping) else upstream_only_variant(speculative_config)
+    if variant is not None:
+        problems.append(f"{variant} is not run by the Ascend speculators")
 
     k = _get(speculative_config, "num_speculative_tokens")
     if isinstance(k, bool) or not isinstance(k, int) or k <= 0:

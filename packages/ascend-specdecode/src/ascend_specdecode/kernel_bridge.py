@@ -1,9 +1,12 @@
-"""The one place that calls `ascend_kernels.ops.rejection_sample`, converting from the layout vLLM's V1 verifier uses.
+"""The one place that calls `ascend_kernels.ops.rejection_sample`, converting from the layouts vLLM's verifiers use.
 
 vLLM V1 flattens the drafts of all requests (request r owns rows ``[cu[r-1], cu[r])``) and expects
-``[batch, max_spec_len + 1]`` int32 output with -1 padding; the kernel takes drafts padded per request
-(``[batch, K]`` with -1) and target scores ``[batch, K, vocab]``. The decision itself (accept while the draft is
-the target's choice or passes ``u * q(x) < p(x)``; then the recovered or bonus token) is the kernel's.
+``[batch, max_spec_len + 1]`` int32 output with -1 padding. Model Runner V2 gives every request one logits row per
+draft plus its bonus row (request r owns rows ``[cu[r], cu[r+1])``; row ``cu[r] + i`` scores draft i, the input
+token of row ``cu[r] + i + 1``) and expects ``[batch, max_spec_len + 1]`` int64 tokens with a count per request.
+The kernel takes drafts padded per request (``[batch, K]`` with -1) and target scores ``[batch, K, vocab]``. The
+decision itself (accept while the draft is the target's choice or passes ``u * q(x) < p(x)``; then the recovered or
+bonus token) is the kernel's.
 """
 
 from __future__ import annotations
@@ -71,3 +74,36 @@ def greedy_verify(
 ) -> torch.Tensor:
     """Greedy verification: the longest prefix of drafts equal to the target's argmax, then its argmax or the bonus."""
     return verify(draft_token_ids, cu_num_draft_tokens, max_spec_len, None, target_logits, bonus_token_ids)
+
+
+def greedy_verify_rows(
+    target_logits: torch.Tensor,
+    row_tokens: torch.Tensor,
+    cu_num_logits: torch.Tensor,
+    max_spec_len: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Greedy verification in Model Runner V2's layout: ``(tokens [batch, max_spec_len + 1] int64, counts int32)``.
+
+    `row_tokens[j]` is the input token of logits row j, so request r's drafts are ``row_tokens[cu[r] + 1 :
+    cu[r + 1]]``. A negative draft is a placeholder: it and every later draft of the request are rejected, the
+    request then takes the target's argmax at that row (its "bonus" for the kernel). Counts include that token.
+    """
+    from ascend_kernels.ops import rejection_sample, sample_greedy
+
+    cu = cu_num_logits.to(torch.int64)
+    batch = cu.shape[0] - 1
+    num_drafts = (cu[1:] - cu[:-1] - 1).clamp(min=0)
+    drafts = torch.full((batch, max_spec_len), PLACEHOLDER, dtype=torch.int64, device=target_logits.device)
+    total = int(num_drafts.sum())
+    if total:
+        rows, cols = _padded_rows(torch.cumsum(num_drafts, 0), total)
+        drafts[rows, cols] = row_tokens[cu[:-1][rows] + cols + 1].to(torch.int64)
+        drafts = torch.where(torch.cumprod((drafts >= 0).long(), dim=1).bool(), drafts, PLACEHOLDER)
+    usable = (drafts >= 0).sum(dim=1)
+    first_rows = cu[:-1]
+    index = first_rows[:, None] + torch.arange(max_spec_len, device=cu.device)[None, :]
+    index = torch.minimum(index, (cu[1:] - 1).clamp(min=0)[:, None])
+    scores = target_logits[index]  # rows past a request's drafts are ignored by the kernel
+    bonus = sample_greedy(target_logits[first_rows + usable])
+    tokens, accepted = rejection_sample(drafts, None, scores, bonus)
+    return tokens, (accepted + 1).to(torch.int32)

@@ -21,6 +21,9 @@ DISPATCH_ORDER = (DSPARK, DFLASH, MTP, EAGLE)
 
 EAGLE_METHODS = frozenset({"eagle", "eagle3"})
 DFLASH2_ARCHITECTURES = frozenset({"DFlash2DraftModel"})
+# DFlash drafts vLLM runs with a speculator of their own that this package has no Ascend version of: dispatching
+# them as DFlash would silently drop their extra head.
+OTHER_DFLASH_ARCHITECTURES = {"LiLiCorrDraftModel": "LiLiCorr correlator drafts"}
 # Methods vLLM knows but this package does not speculate with (they run on the host or need other runners).
 UNSUPPORTED_METHODS = frozenset(
     {"ngram", "ngram_gpu", "medusa", "mlp_speculator", "suffix", "custom_class", "extract_hidden_states"}
@@ -46,6 +49,10 @@ def method_family(method: str | None, architectures: Iterable[str] = ()) -> str:
     if method == DSPARK:
         return DSPARK
     if method == DFLASH:
+        other = sorted(OTHER_DFLASH_ARCHITECTURES.keys() & set(architectures))
+        if other:
+            raise ValueError(f"speculative method 'dflash' with a {other[0]} draft "
+                             f"({OTHER_DFLASH_ARCHITECTURES[other[0]]}) is not run by the Ascend speculators")
         return DFLASH2 if DFLASH2_ARCHITECTURES & set(architectures) else DFLASH
     if method == MTP or (method is not None and method in _mtp_model_types()):
         return MTP
@@ -58,6 +65,21 @@ def method_family(method: str | None, architectures: Iterable[str] = ()) -> str:
     raise ValueError(f"speculative method {method!r} {why}; expected one of {known} (or an MTP model type)")
 
 
+def upstream_only_variant(speculative_config: Any) -> str | None:
+    """An MTP variant vLLM drafts with its own speculator (several MTP modules, Gemma4's KV-sharing MTP), which no
+    Ascend speculator reproduces; None for everything else. Asked of the config, as vLLM's dispatch asks it."""
+    for probe, what in (("use_multi_module_mtp", "multi-module MTP (one MTP module per draft step)"),
+                        ("use_gemma4_mtp", "Gemma4 MTP")):
+        check = getattr(speculative_config, probe, None)
+        if callable(check) and check():
+            return what
+    return None
+
+
 def speculator_family(speculative_config: Any) -> str:
     """The family of a vLLM `SpeculativeConfig` (method plus the draft's architectures)."""
+    variant = upstream_only_variant(speculative_config)
+    if variant is not None:
+        raise ValueError(f"{variant} is not run by the Ascend speculators (method "
+                         f"{getattr(speculative_config, 'method', None)!r})")
     return method_family(getattr(speculative_config, "method", None), draft_architectures(speculative_config))

@@ -19,8 +19,8 @@ def _is_model_runner_v2(runner: Any) -> bool:
 def install_speculative_decoding(runner: Any) -> None:
     """Give a freshly built model runner (V1 or MRV2, before `load_model`) the Ascend drafter and verifier.
 
-    V1 keeps upstream's proposer and takes our rejection sampler. MRV2 takes our speculator (and keeps upstream's
-    verifier, see `verification`).
+    V1 keeps upstream's proposer and takes our rejection sampler. MRV2 takes our speculator now and our verifier
+    once the model is loaded (`install_verifier`: MRV2 builds its verifier in `load_model`).
     """
     spec = getattr(runner, "speculative_config", None)
     if spec is None:
@@ -38,15 +38,31 @@ def install_speculative_decoding(runner: Any) -> None:
 
 
 def install_verifier(runner: Any) -> None:
-    """Swap the runner's rejection sampler for the Ascend one (same sampler, config and device)."""
+    """Swap the runner's rejection sampler for the Ascend one (same sampler, config and device); idempotent."""
     current = getattr(runner, "rejection_sampler", None)
     if current is None:
         return
     if _is_model_runner_v2(runner):
-        return  # MRV2 keeps upstream's Triton verifier (see `verification`)
+        _install_mrv2_verifier(runner, current)
+        return
     from ascend_specdecode.verification import AscendRejectionSampler
 
     if isinstance(current, AscendRejectionSampler):
         return
     runner.rejection_sampler = AscendRejectionSampler.from_upstream(current, runner.speculative_config, runner.device)
     logger.info("Speculative decoding verifies drafts with AscendRejectionSampler (ascend_kernels)")
+
+
+def _install_mrv2_verifier(runner: Any, current: Any) -> None:
+    from vllm.v1.worker.gpu.spec_decode.rejection_sampler import RejectionSampler
+
+    from ascend_specdecode.mrv2_verification import AscendMRV2RejectionSampler
+
+    if isinstance(current, AscendMRV2RejectionSampler):
+        return
+    if type(current) is not RejectionSampler:
+        # A model state's own sampler pair (MRV2's `custom_sampler` hook) verifies its own way: leave it.
+        logger.info("Speculative decoding keeps %s, the model's own verifier", type(current).__qualname__)
+        return
+    runner.rejection_sampler = AscendMRV2RejectionSampler.from_upstream(current)
+    logger.info("Speculative decoding verifies greedy drafts with AscendMRV2RejectionSampler (ascend_kernels)")

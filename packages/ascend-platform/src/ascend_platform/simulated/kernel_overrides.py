@@ -4,9 +4,10 @@ With Triton's interpreter on (`triton_interpreter`), every Triton launch runs ea
 3-11 ms per launch on the tiny model, against ~2.5 ms for a whole V1 decode step. So the kernels Model Runner V2
 launches on ordinary steps are replaced by torch / `ascend_kernels` stand-ins (`mrv2_kernels`), exactly where a
 device build plugs in its own: the platform hook `register_triton_kernel_overrides`, which vLLM calls in each worker
-before the runner exists, handing the table to `vllm.triton_utils.dispatcher.register_kernels`. Kernels not listed
-(spec-decode drafting and rejection, thinking budget, watermarking, prompt logprobs, logit bias/bad words, Mamba,
-PCP) still run in the interpreter: slow, and where Triton 3.9's interpreter cannot run a kernel, failing.
+before the runner exists, handing the table to `vllm.triton_utils.dispatcher.register_kernels`. Speculative
+decoding's drafting kernels are `mrv2_kernels.spec_decode`'s. Kernels not listed (spec-decode rejection of sampled
+drafts, thinking budget, watermarking, prompt logprobs, logit bias/bad words, Mamba, PCP) still run in the
+interpreter: slow, and where Triton 3.9's interpreter cannot run a kernel, failing.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from vllm.logger import init_logger
 from ascend_platform import usage
 from ascend_platform.patches import REGISTRY
 from ascend_platform.simulated import triton_interpreter
-from ascend_platform.simulated.mrv2_kernels import batch, sampling
+from ascend_platform.simulated.mrv2_kernels import batch, sampling, spec_decode
 
 logger = init_logger(__name__)
 
@@ -60,7 +61,7 @@ STAND_INS: tuple[StandIn, ...] = (
     StandIn("vllm.v1.sample.ops.topk_topp_triton.apply_top_k_top_p_triton", sampling.top_k_top_p, "top_k / top_p"),
     StandIn(f"{_GPU}.structured_outputs._apply_grammar_bitmask_kernel", sampling.grammar_bitmask,
             "structured-output requests"),
-)
+) + tuple(StandIn(kernel, impl, when) for kernel, impl, when in spec_decode.KERNELS)
 # Not a kernel launch but the same per-step work: `SimulatedBlockTables` (mrv2_kernels.block_tables) replaces
 # `_gather_block_tables_kernel` and `_compute_slot_mappings_kernel` (raw pointer tables, grid-sized work).
 BLOCK_TABLE_KERNELS = (f"{_GPU}.block_table._gather_block_tables_kernel",

@@ -80,6 +80,7 @@ def bind_ascend_impls(allocation: Any, forward_context: Mapping[str, Any], share
         impl.bind_ascend_kv(allocation.layers[source])
         bound += 1
     usage.count("attention.ascend.bound_layers", bound)
+    usage.note("attention.ascend.bound_layers", bound)  # this engine's binding (counts add up over a process)
     return bound
 
 

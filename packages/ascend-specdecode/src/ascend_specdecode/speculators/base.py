@@ -4,10 +4,14 @@
   ``dp_sync_state``) and forwards it under the name the installed vLLM takes (adapter in `ascend_core.upstream`).
 - Draft attention metadata is decode-only: no draft request is ever marked as prefilling, and metadata objects
   that carry an Ascend ``attn_state`` get its ``DecodeOnly`` member, so NPU kernels take the decode path.
+- `ascend_counts`: what this speculator did (proposals, the DP argument forwarded, draft metadata built, and each
+  method's own stage), per instance so that engines sharing a process never mix their counts; tests read it to
+  show that an engine drafted through our class and which path it took.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any
 
 from ascend_core.upstream import pop_speculator_dp, speculator_dp_arg
@@ -41,14 +45,23 @@ class AscendSpeculatorMixin:
     #: Draft steps never prefill: their attention metadata is built decode-only.
     decode_only_draft_attention = True
 
+    @property
+    def ascend_counts(self) -> Counter[str]:
+        return self.__dict__.setdefault("_ascend_counts", Counter())
+
     def propose(self, *args: Any, **kwargs: Any) -> Any:
         dp_value = pop_speculator_dp(kwargs)
         parent_propose = super().propose  # type: ignore[misc]
-        kwargs.update(forward_dp_argument(dp_value, parent_propose))
+        forwarded = forward_dp_argument(dp_value, parent_propose)
+        kwargs.update(forwarded)
+        self.ascend_counts["dummy_propose" if kwargs.get("dummy_run", False) else "propose"] += 1
+        for name, value in forwarded.items():
+            self.ascend_counts[f"dp:{name}={'none' if value is None else type(value).__name__}"] += 1
         return parent_propose(*args, **kwargs)
 
     def _build_attn_metadata(self, *args: Any, **kwargs: Any) -> dict[str, Any] | None:
         prefilling = getattr(self, "draft_is_prefilling", None)
         if prefilling is not None:
             prefilling.zero_()
+        self.ascend_counts["decode_only_metadata"] += 1
         return mark_decode_only(super()._build_attn_metadata(*args, **kwargs))  # type: ignore[misc]

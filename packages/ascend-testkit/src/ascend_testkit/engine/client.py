@@ -6,6 +6,7 @@ their engines at the same time; `call` does both.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import select
@@ -18,10 +19,12 @@ from pathlib import Path
 from typing import Any
 
 from ascend_testkit.engine.env import engine_env
+from ascend_testkit.reach.collect import reach_env
 
 HELLO_TIMEOUT_S = 120.0
 START_TIMEOUT_S = 600.0
 CALL_TIMEOUT_S = 300.0
+SAVE_REACH_TIMEOUT_S = 30.0
 
 
 class EngineError(RuntimeError):
@@ -220,7 +223,14 @@ class EngineHost:
         return self.proc.poll() is None
 
     def kill(self) -> None:
-        """Kill the host hard (fault injection); its engine dies with it."""
+        """Kill the host hard (fault injection); its engine dies with it. A host recording reach writes what it ran
+        first (the measurement is not part of the fault; a shared host may have served other suites before)."""
+        if self.proc.poll() is None and reach_env() and not self._waiting:
+            with contextlib.suppress(EngineError, OSError):
+                self.call("save_reach", SAVE_REACH_TIMEOUT_S)
+        self._terminate()
+
+    def _terminate(self) -> None:
         if self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait(timeout=30)
@@ -234,7 +244,7 @@ class EngineHost:
                 self.proc.wait(timeout=timeout)
             except (OSError, subprocess.TimeoutExpired):
                 pass
-        self.kill()
+        self._terminate()
         for stream in (self.proc.stdin, self.proc.stdout):
             if stream is not None and not stream.closed:
                 stream.close()

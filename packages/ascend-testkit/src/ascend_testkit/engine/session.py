@@ -202,6 +202,20 @@ class EngineSession:
     def wake_up(self, tags: Sequence[str] | None = None) -> None:
         self._engine().wake_up(tags=list(tags) if tags else None)
 
+    @staticmethod
+    def save_reach() -> bool:
+        """Write this process's coverage now (the client asks before it kills the host in a fault test); False when
+        the process records none."""
+        try:
+            import coverage
+        except ImportError:
+            return False
+        current = coverage.Coverage.current()
+        if current is None:
+            return False
+        current.save()
+        return True
+
     def reset_prefix_cache(self) -> bool:
         return bool(self._engine().reset_prefix_cache())
 

@@ -92,12 +92,26 @@ def eagle_compatible_target(
     return _save(folder, config, w, tokenizer_from=target)
 
 
+def perturbed(weights: dict, noise: float, seed: int) -> dict:
+    """`weights` with Gaussian noise of `noise` times each matrix's own standard deviation (vectors untouched): a
+    self-draft that agrees with its target often but not always, so verification accepts some drafts and rejects
+    others within one step."""
+    import torch
+
+    if noise <= 0:
+        return weights
+    gen = torch.Generator().manual_seed(seed)
+    return {k: (v + noise * v.float().std() * torch.randn(v.shape, generator=gen)).to(v.dtype) if v.ndim > 1 else v
+            for k, v in weights.items()}
+
+
 def eagle_draft(
-    target: str | os.PathLike, out: str | os.PathLike, *, self_draft: bool, seed: int = 1234
+    target: str | os.PathLike, out: str | os.PathLike, *, self_draft: bool, seed: int = 1234, noise: float = 0.0
 ) -> Path:
     """An EAGLE-1 checkpoint for `target`: the target's own layers with ``fc = [I, 0]`` (self_draft) or random weights.
 
-    The self-draft only matches the target when `target` came from `eagle_compatible_target`.
+    The self-draft only matches the target when `target` came from `eagle_compatible_target`; `noise` > 0 perturbs
+    its decoder layers (see `perturbed`).
     """
     import torch
 
@@ -111,8 +125,8 @@ def eagle_draft(
     draft: dict = {}
     if self_draft:
         draft["fc.weight"] = torch.cat([torch.eye(hidden), torch.zeros(hidden, hidden)], dim=1)
-        for key in layer_keys:
-            draft[key.removeprefix("model.")] = tw[key].clone()
+        layers = perturbed({key.removeprefix("model."): tw[key].clone() for key in layer_keys}, noise, seed)
+        draft.update(layers)
     else:
         gen = torch.Generator().manual_seed(seed)
         draft["fc.weight"] = torch.randn(hidden, 2 * hidden, generator=gen) / (2 * hidden) ** 0.5

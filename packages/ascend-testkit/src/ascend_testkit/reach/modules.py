@@ -10,6 +10,7 @@ import ast
 import glob
 import importlib.util
 import os
+import warnings
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -55,13 +56,25 @@ def runtime_modules(packages: Iterable[str] = RUNTIME_PACKAGES) -> list[Module]:
 
 
 def executed_lines(folder: str | os.PathLike) -> dict[str, set[int]]:
-    """File path -> lines executed, over every coverage data file the measured processes wrote in `folder`."""
+    """File path -> lines executed, over every coverage data file the measured processes wrote in `folder`.
+
+    A process a test kills on purpose (fault injection) may leave a data file it never finished writing: that one
+    process's reach is lost, so the file is skipped with a warning instead of failing the whole check.
+    """
     from coverage import CoverageData
+    from coverage.exceptions import DataError
 
     lines: dict[str, set[int]] = {}
-    for data_file in glob.glob(os.path.join(folder, ".coverage*")):
+    for data_file in sorted(glob.glob(os.path.join(folder, ".coverage*"))):
+        if data_file.endswith(("-journal", "-wal", "-shm")):
+            continue  # SQLite's side files of a data file
         data = CoverageData(basename=data_file)
-        data.read()
+        try:
+            data.read()
+        except DataError as exc:
+            warnings.warn(f"skipped an unfinished coverage data file (its process was killed?): {exc}",
+                          stacklevel=2)
+            continue
         for measured in data.measured_files():
             lines.setdefault(str(Path(measured).resolve()), set()).update(data.lines(measured) or ())
     return lines
