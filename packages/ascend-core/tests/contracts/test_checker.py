@@ -63,7 +63,7 @@ def test_json_and_table_carry_the_same_findings(new_tree: Path, pins_file: Path)
     data = json.loads(report.to_json())
     assert data["uncovered"] == report.uncovered and data["blocking"] == report.blocking
     assert {tuple(sorted(f)) for f in data["findings"]} == {
-        ("covered_by", "detail", "package", "severity", "symbol", "use")}
+        ("covered_by", "detail", "package", "refused", "severity", "symbol", "use")}
     assert [f["severity"] for f in data["findings"]] == sorted(f["severity"] for f in data["findings"])
     table = render_table(report)
     assert table.splitlines()[-1].startswith("FAIL: ")
@@ -93,3 +93,58 @@ def test_drift_between_two_releases_names_renames_moves_and_additions(old_tree: 
     assert f["vllm.core.spec.GROUP"].severity == "P1"
     assert report.version == "1.0.0 -> 2.0.0"
     assert drift(load_pins(pins_file), new, new).findings == []
+
+
+class _RunningView(StaticView):
+    """A release as the running vLLM sees it: it can say whether a feature is refused here (InstalledView can)."""
+
+    def __init__(self, source, refusals: dict[str, str | None]):
+        super().__init__(source)
+        self.refusals = refusals
+
+    def feature_refusal(self, adapter: str) -> str | None:
+        return self.refusals[adapter]
+
+
+_GATED = """
+[[pins]]
+symbol = "vllm.core.spec.plan"
+kind = "function"
+use = "patch"
+refused_by = "ascend_core.upstream.mrv2_unavailable_reason"
+
+[[pins]]
+symbol = "vllm.core.runner.Runner.step"
+kind = "method"
+use = "override"
+params = ["batch", "num_tokens_across_dp"]
+optional = ["num_tokens_across_dp"]
+"""
+
+
+def test_refused_by_covers_a_finding_only_where_the_running_vllm_refuses_the_feature(tmp_path: Path,
+                                                                                      new_tree: Path) -> None:
+    path = tmp_path / "pins.toml"
+    path.write_text(_GATED)
+    gate = "ascend_core.upstream.mrv2_unavailable_reason"
+
+    refused = check(load_pins(path), _RunningView(open_source(new_tree), {gate: "vLLM 2.0.0: no KV hooks"}))
+    plan = _by_symbol(refused)["vllm.core.spec.plan"]
+    assert plan.severity == "P0" and plan.covered_by == gate and plan.refused == "vLLM 2.0.0: no KV hooks"
+    assert "refused at start-up here: vLLM 2.0.0: no KV hooks" in plan.detail and refused.blocking == 0
+
+    runs = check(load_pins(path), _RunningView(open_source(new_tree), {gate: None}))
+    plan = _by_symbol(runs)["vllm.core.spec.plan"]
+    assert plan.covered_by is None and "does not refuse the feature" in plan.detail and runs.blocking == 1
+
+    static = check(load_pins(path), StaticView(open_source(new_tree)))  # a wheel cannot say what would be refused
+    plan = _by_symbol(static)["vllm.core.spec.plan"]
+    assert plan.covered_by is None and "not evaluated" in plan.detail and static.blocking == 1
+
+
+def test_an_optional_parameter_that_is_absent_is_p2(tmp_path: Path, new_tree: Path) -> None:
+    path = tmp_path / "pins.toml"
+    path.write_text(_GATED)
+    step = _by_symbol(check(load_pins(path), StaticView(open_source(new_tree))))[
+        "vllm.core.runner.Runner.step(num_tokens_across_dp)"]
+    assert step.severity == "P2" and "absent (optional)" in step.detail and not step.blocking

@@ -24,6 +24,8 @@ def _write(tmp_path: Path, text: str) -> Path:
     ('symbol = "torch.a.B"\nkind = "class"\n', "'symbol' must be a dotted vLLM path"),
     ('symbol = "vllm.a.B"\nkind = "class"\nfields = "x"\n', "'fields' must be a list of strings"),
     ('symbol = "vllm.a.B"\nkind = "class"\ncovered_by = { x = "somewhere.else" }\n', "is not an ascend_core.upstream"),
+    ('symbol = "vllm.a.B"\nkind = "class"\nrefused_by = "elsewhere.why"\n', "is not an ascend_core.upstream function"),
+    ('symbol = "vllm.a.B"\nkind = "class"\nfields = ["x"]\noptional = ["y"]\n', "optional names ['y'] are not in"),
 ])
 def test_malformed_entries_are_errors_naming_the_entry(tmp_path: Path, body: str, message: str) -> None:
     path = _write(tmp_path, "[[pins]]\n" + body)
@@ -61,3 +63,6 @@ def test_every_package_pins_file_loads_and_names_real_adapters(pins_file: Path) 
         keys = {*pin.fields, *pin.params, *pin.aliases, pin.symbol, "*", "signature"}
         stray = set(pin.covered_by) - keys
         assert not stray, f"{pins_file}: {pin.symbol} covered_by names {sorted(stray)}, which the pin never checks"
+        if pin.refused_by is not None:  # a refusal is a function answering "why not here", or None
+            module, _, name = pin.refused_by.rpartition(".")
+            assert callable(getattr(__import__(module, fromlist=[name]), name)), f"{pin.symbol}: {pin.refused_by}"

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from ascend_core.contracts.pins import SIGNATURE_KEY, Pin, adapter_exists
 from ascend_core.contracts.report import Finding, Report
@@ -13,24 +13,47 @@ _CLASS_KINDS = ("class", "dataclass")
 _CALLABLE_KINDS = ("function", "method")
 
 
-class Grader:
-    """Builds one pin's findings; resolves `covered_by` and refuses adapter names that do not exist."""
+# Why a feature is refused on the vLLM a view stands for (an adapter path in, its reason or None out); only a view
+# of the running vLLM can answer (a source tree or wheel is not what the refusal functions probe).
+Refusal = Callable[[str], "str | None"]
 
-    def __init__(self, pin: Pin, known_adapters: dict[str, bool]):
+
+class Grader:
+    """Builds one pin's findings; resolves `covered_by` and `refused_by`, and refuses adapter names that do not
+    exist. A `refused_by` finding is covered only where `refusal` says that feature is refused at start-up."""
+
+    def __init__(self, pin: Pin, known_adapters: dict[str, bool], refusal: Refusal | None = None):
         self.pin = pin
         self.known = known_adapters
+        self.refusal = refusal
         self.findings: list[Finding] = []
+
+    def _exists(self, adapter: str) -> bool:
+        if adapter not in self.known:
+            self.known[adapter] = adapter_exists(adapter)
+        return self.known[adapter]
 
     def add(self, severity: str, symbol: str, detail: str, cover_key: str) -> None:
         adapter = self.pin.cover(cover_key)
-        if adapter is not None:
-            if adapter not in self.known:
-                self.known[adapter] = adapter_exists(adapter)
-            if not self.known[adapter]:
-                detail += f" [covered_by names {adapter!r}, which ascend_core.upstream does not define]"
-                adapter = None
+        refused = None
+        if adapter is not None and not self._exists(adapter):
+            detail += f" [covered_by names {adapter!r}, which ascend_core.upstream does not define]"
+            adapter = None
+        gate = self.pin.refused_by
+        if adapter is None and gate is not None:
+            if not self._exists(gate):
+                detail += f" [refused_by names {gate!r}, which ascend_core.upstream does not define]"
+            elif self.refusal is None:
+                detail += f" [refused_by {gate}: not evaluated, only the running vLLM can say]"
+            else:
+                refused = self.refusal(gate)
+                if refused:
+                    adapter = gate
+                    detail += f"; the feature is refused at start-up here: {refused}"
+                else:
+                    detail += f" [{gate} does not refuse the feature on this vLLM]"
         self.findings.append(Finding(severity=severity, symbol=symbol, detail=detail, covered_by=adapter,
-                                     package=self.pin.package, use=self.pin.use))
+                                     package=self.pin.package, use=self.pin.use, refused=refused or None))
 
 
 def _renamed_to(pin: Pin, name: str, present: Iterable[str]) -> str:
@@ -62,7 +85,7 @@ def signature_change(expected: tuple[str, ...], actual: tuple[str, ...]) -> str:
 
 
 def check_pin(pin: Pin, view: UpstreamView, known_adapters: dict[str, bool] | None = None) -> list[Finding]:
-    grade = Grader(pin, {} if known_adapters is None else known_adapters)
+    grade = Grader(pin, {} if known_adapters is None else known_adapters, getattr(view, "feature_refusal", None))
     shape = view.resolve(pin.symbol)
     if isinstance(shape, Missing):
         moved = view.find_elsewhere(pin.symbol, pin.moved)
@@ -76,14 +99,21 @@ def check_pin(pin: Pin, view: UpstreamView, known_adapters: dict[str, bool] | No
     _check_kind(grade, pin, shape)
     for name in pin.fields:
         if name not in shape.members and not (shape.params and any(p.name == name for p in shape.params)):
+            if name in pin.optional_names:
+                grade.add("P2", f"{pin.symbol}.{name}", f"{name!r} absent (optional)", name)
+                continue
             detail = f"{name!r} gone" + _renamed_to(pin, name, shape.members)
             grade.add("P1", f"{pin.symbol}.{name}", detail, name)
     if pin.params:
         present = [p.name for p in shape.params or ()]
         for name in pin.params:
-            if name not in present:
-                grade.add("P1", f"{pin.symbol}({name})", f"parameter {name!r} gone" + _renamed_to(pin, name, present),
-                          name)
+            if name in present:
+                continue
+            if name in pin.optional_names:
+                grade.add("P2", f"{pin.symbol}({name})", f"parameter {name!r} absent (optional)", name)
+                continue
+            grade.add("P1", f"{pin.symbol}({name})", f"parameter {name!r} gone" + _renamed_to(pin, name, present),
+                      name)
     if pin.signature is not None and shape.signature is not None:
         expected = tuple(_normalize_entry(e) for e in pin.signature)
         if expected != shape.signature:

@@ -56,7 +56,7 @@ def drift_pin(pin: Pin, old: UpstreamView, new: UpstreamView, known: dict[str, b
         if name in old_names and name not in new_names:
             successors = [n for n, c in canonical.items() if c == ours and n in new_names and n not in old_names]
             detail = f"{name!r} removed" + (f"; replaced by {', '.join(map(repr, successors))}" if successors else "")
-            grade.add("P1", _member(pin.symbol, name, before), detail, ours)
+            grade.add("P2" if ours in pin.optional_names else "P1", _member(pin.symbol, name, before), detail, ours)
         elif name in new_names and name not in old_names:
             renamed = any(c == ours and n in old_names and n not in new_names for n, c in canonical.items())
             if not renamed:  # a rename was reported with the name it replaced

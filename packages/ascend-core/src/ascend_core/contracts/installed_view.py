@@ -96,6 +96,16 @@ class InstalledView:
         self.version = installed_vllm_version()
         self.label = f"installed vLLM {self.version or '(not installed)'}"
         self._static: StaticView | None = None
+        self._refusals: dict[str, str | None] = {}
+
+    def feature_refusal(self, adapter: str) -> str | None:
+        """Why the feature gated by the `refused_by` function `adapter` is refused at start-up on this vLLM (its
+        own words), or None where it runs. The same function the platform/connectors call at start-up."""
+        if adapter not in self._refusals:
+            module, _, name = adapter.rpartition(".")
+            reason = getattr(importlib.import_module(module), name)()
+            self._refusals[adapter] = None if reason is None else str(reason)
+        return self._refusals[adapter]
 
     def _locate(self, symbol: str) -> tuple[Any, Any] | Missing:
         """`(object, owner)`; owner is the class an attribute was found on (None for module attributes)."""

@@ -30,7 +30,7 @@ WHOLE_PIN = "*"
 SIGNATURE_KEY = "signature"
 
 _KEYS = frozenset({"symbol", "kind", "use", "fields", "params", "covered_by", "aliases", "moved", "signature",
-                   "value", "optional", "note"})
+                   "value", "optional", "refused_by", "note"})
 
 
 class PinsError(ValueError):
@@ -50,6 +50,11 @@ class Pin:
     signature: tuple[str, ...] | None = None
     value: str | None = None
     optional: bool = False
+    # Fields/params a newer vLLM added and our code works without (absent: P2); `optional = [names]` in the file.
+    optional_names: tuple[str, ...] = ()
+    # An ascend_core.upstream function returning why the feature this pin serves is refused at start-up on the
+    # installed vLLM (None where it runs): its findings are covered only where that function refuses the feature.
+    refused_by: str | None = None
     note: str = ""
     package: str = ""
     source: str = ""
@@ -90,6 +95,15 @@ def _pin_from_table(table: dict[str, Any], where: str, package: str, source: str
     aliases = table.get("aliases", {})
     if not isinstance(aliases, dict):
         raise PinsError(f"{where} ({symbol}): 'aliases' must map a name to the names other releases use")
+    refused_by = table.get("refused_by")
+    if refused_by is not None and (not isinstance(refused_by, str) or not refused_by.startswith(ADAPTER_PREFIX)):
+        raise PinsError(f"{where} ({symbol}): refused_by = {refused_by!r} is not an {ADAPTER_PREFIX} function")
+    optional = table.get("optional", False)
+    if not isinstance(optional, bool):
+        optional_names = _strings(optional, where, "optional")
+        unknown_names = set(optional_names) - set(table.get("fields", [])) - set(table.get("params", []))
+        if unknown_names:
+            raise PinsError(f"{where} ({symbol}): optional names {sorted(unknown_names)} are not in fields/params")
     signature = table.get("signature")
     value = table.get("value")
     if value is not None and not isinstance(value, str | int | float | bool):
@@ -103,7 +117,9 @@ def _pin_from_table(table: dict[str, Any], where: str, package: str, source: str
         moved=_strings(table.get("moved", []), where, "moved"),
         signature=None if signature is None else _strings(signature, where, "signature"),
         value=None if value is None else repr(value),
-        optional=bool(table.get("optional", False)),
+        optional=optional is True,
+        optional_names=() if isinstance(optional, bool) else tuple(optional),
+        refused_by=refused_by,
         note=str(table.get("note", "")),
         package=package, source=source,
     )

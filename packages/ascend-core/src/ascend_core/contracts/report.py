@@ -2,7 +2,8 @@
 
 P0: a patched/subclassed/imported/called symbol is gone.  P1: a relied-on field, parameter or constant is gone,
 renamed or changed.  P2: a signature or default changed, or an optional symbol is absent. A finding is covered when
-an adapter in `ascend_core.upstream` absorbs the difference; only uncovered P0/P1 findings block.
+an adapter in `ascend_core.upstream` absorbs the difference, or when the feature using the symbol is refused at
+start-up on this vLLM (`refused` holds that refusal's reason); only uncovered P0/P1 findings block.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ class Finding:
     covered_by: str | None
     package: str = ""
     use: str = ""
+    refused: str | None = None
 
     @property
     def blocking(self) -> bool:
