@@ -11,21 +11,30 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from ascend_core.upstream import connector_kv_manager_unavailable_reason
 from ascend_kv_transfer.mooncake_connector import AscendMooncakeConnector, P2PConnectorMetadata
 from ascend_kv_transfer.p2p.layerwise_sides import LayerwiseScheduler, LayerwiseWorker
 from ascend_kv_transfer.p2p.scheduler_side import P2PStep
 
 if TYPE_CHECKING:
     import torch
-    from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorMetadata
+    from vllm.config import VllmConfig
+    from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorMetadata, KVConnectorRole
     from vllm.v1.attention.backend import AttentionMetadata
     from vllm.v1.core.kv_cache_manager import KVCacheManager
     from vllm.v1.core.sched.output import SchedulerOutput
+    from vllm.v1.kv_cache_interface import KVCacheConfig
 
 
 class AscendMooncakeLayerwiseConnector(AscendMooncakeConnector):
     scheduler_cls = LayerwiseScheduler
     worker_cls = LayerwiseWorker
+
+    def __init__(self, vllm_config: VllmConfig, role: KVConnectorRole, kv_cache_config: KVCacheConfig):
+        refused = connector_kv_manager_unavailable_reason()
+        if refused is not None:  # layer pushes are planned from the manager's block ids: without it, none would be
+            raise ValueError(f"AscendMooncakeLayerwiseConnector cannot run on this vLLM: {refused}")
+        super().__init__(vllm_config, role, kv_cache_config)
 
     @classmethod
     def requires_piecewise_for_cudagraph(cls, extra_config: dict[str, Any]) -> bool:

@@ -18,7 +18,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 )
 from vllm.logger import init_logger
 
-from ascend_core.upstream import transfer_results
+from ascend_core.upstream import connector_kv_manager_unavailable_reason, transfer_results
 from ascend_kv_transfer.pool.config_info import (
     engine_rank_sizes,
     layer_order,
@@ -66,6 +66,9 @@ class AscendStoreConnector(SplitRoleConnector):
     store_client_cls: type[StoreClient] = StoreClient
 
     def __init__(self, vllm_config: VllmConfig, role: KVConnectorRole, kv_cache_config: KVCacheConfig):
+        refused = connector_kv_manager_unavailable_reason()
+        if refused is not None:  # saves are planned from the manager's block ids: without it, none could be
+            raise ValueError(f"AscendStoreConnector cannot run on this vLLM: {refused}")
         super().__init__(vllm_config, role, kv_cache_config)
         transfer = vllm_config.kv_transfer_config
         self.options: StoreOptions = parse_store_options(transfer.kv_connector_extra_config)

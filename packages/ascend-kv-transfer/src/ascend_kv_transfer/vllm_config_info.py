@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ascend_core.upstream import kv_config_layout
 from ascend_kv_transfer.p2p.ports import Ranks
 from ascend_kv_transfer.p2p.schema import KVGeometry
 
@@ -41,7 +42,7 @@ def kv_geometry(vllm_config: Any, kv_cache_config: Any) -> KVGeometry:
         dtype=str(spec.dtype).removeprefix("torch."),
         num_kv_heads=int(spec.num_kv_heads),
         head_size=int(spec.head_size),
-        layout=str(getattr(kv_cache_config, "kv_cache_layout", None) or "default"),
+        layout=kv_config_layout(kv_cache_config) or "default",
         tp_size=int(parallel.tensor_parallel_size),
         pp_size=int(parallel.pipeline_parallel_size),
         pcp_size=int(getattr(parallel, "prefill_context_parallel_size", 1) or 1),

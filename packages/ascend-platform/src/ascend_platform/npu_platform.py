@@ -86,6 +86,7 @@ class AscendPlatformBase(Platform):
         cls._decide_custom_ops(vllm_config, ascend)
         cls._check_speculative_config(vllm_config)
         cls._check_context_parallel(vllm_config)
+        cls._check_mla_hooks(vllm_config)
         logger.info("Ascend platform (%s lane): %s", "simulated" if cls.simulated else "npu", ascend.model_dump())
 
     @classmethod
@@ -103,6 +104,18 @@ class AscendPlatformBase(Platform):
                 "speculative method 'draft_model' runs only on the V1 runner with the Ascend plugin (its Model Runner "
                 "V2 speculators are dspark, dflash, mtp and eagle); set VLLM_USE_V2_MODEL_RUNNER=0")
         logger.info("speculative decoding: %s drafts (%s)", family, vllm_config.speculative_config.method)
+
+    @classmethod
+    def _check_mla_hooks(cls, vllm_config: VllmConfig) -> None:
+        """An MLA model on a vLLM without the hooks our MLA backends join its MLA layer through stops here."""
+        model = vllm_config.model_config
+        if model is None or not model.use_mla:
+            return
+        from ascend_core.upstream import mla_hooks_unavailable_reason
+
+        refused = mla_hooks_unavailable_reason()
+        if refused is not None:
+            raise ValueError(f"MLA model {model.model!r} cannot run on the Ascend platform here: {refused}")
 
     @classmethod
     def _update_device_config(cls, vllm_config: VllmConfig) -> None:

@@ -29,7 +29,12 @@ def install_speculative_decoding(runner: Any) -> None:
 
     validate_speculative_config(spec, runner.vllm_config.model_config)
     if _is_model_runner_v2(runner):
+        from ascend_core.upstream import mrv2_unavailable_reason
         from ascend_specdecode.dispatch import build_speculator
+
+        refused = mrv2_unavailable_reason()
+        if refused is not None:  # the Ascend MRV2 speculators build on what this vLLM's MRV2 lacks
+            raise RuntimeError(f"Ascend Model Runner V2 speculators cannot run here: {refused}")
 
         if runner.speculator is not None:
             runner.speculator = build_speculator(runner.vllm_config, runner.device)

@@ -5,13 +5,18 @@ and small adapters for each known difference. Nothing outside it compares versio
 """
 
 from ascend_core.upstream.attention_names import register_attention_backend
-from ascend_core.upstream.connector import cache_hit_source, transfer_results
+from ascend_core.upstream.connector import (
+    cache_hit_source,
+    connector_kv_manager_unavailable_reason,
+    kv_config_layout,
+    transfer_results,
+)
 from ascend_core.upstream.errors import ENGINE_TESTED, STATIC_ONLY, SUPPORTED_RANGE, UpstreamContractError
 from ascend_core.upstream.kv_page import kv_spec_page_shape, kv_tensor_shares_config_backing
 from ascend_core.upstream.kv_tensor import kv_tensor_cls, kv_tensor_geometry, kv_tensor_layers, make_kv_tensor
 from ascend_core.upstream.lane import Capabilities, Lane, capabilities, detect_capabilities
 from ascend_core.upstream.logits import logits_forward_kwargs, logits_skip_gather_supported
-from ascend_core.upstream.mla import mla_ratio, mla_ratio_field, mla_ratio_kwargs
+from ascend_core.upstream.mla import mla_hooks_unavailable_reason, mla_ratio, mla_ratio_field, mla_ratio_kwargs
 from ascend_core.upstream.pcp import (
     pcp_has_capture_buffers,
     pcp_init_kwargs,
@@ -43,10 +48,12 @@ __all__ = [
     "bind_kv_cache_kwargs",
     "cache_hit_source",
     "capabilities",
+    "connector_kv_manager_unavailable_reason",
     "default_loader",
     "detect_capabilities",
     "dflash2_unavailable_reason",
     "installed_vllm_version",
+    "kv_config_layout",
     "kv_spec_page_shape",
     "kv_tensor_cls",
     "kv_tensor_geometry",
@@ -55,6 +62,7 @@ __all__ = [
     "logits_forward_kwargs",
     "logits_skip_gather_supported",
     "make_kv_tensor",
+    "mla_hooks_unavailable_reason",
     "mla_ratio",
     "mla_ratio_field",
     "mla_ratio_kwargs",

@@ -9,14 +9,18 @@ if TYPE_CHECKING:
     from ascend_core.upstream.probes import ProbeResult
 
 # What CI shows, and nothing more: the engine suites run on these releases (scripts/test-all, one stage each) ...
-ENGINE_TESTED = {"0.27.1": "legacy lane, V1 runner; Model Runner V2 refused by probe mrv2_kv_hooks",
-                 "0.32.0": "current lane, V1 and Model Runner V2"}
+ENGINE_TESTED = {
+    "0.27.1": "legacy lane, a chosen subset on the V1 runner: the platform's engine against plain vLLM CPU 0.27.1, "
+              "PD over Mooncake, offloading, EAGLE, the contract check; refused at start-up there by probe: Model "
+              "Runner V2, MLA models, DFlash2 drafts, the KV pool and layerwise Mooncake connectors",
+    "0.32.0": "current lane, every engine suite, V1 and Model Runner V2",
+}
 # ... and ascend-core's contract pins are checked against these release wheels without running them
 # (packages/ascend-core/tests/contracts/test_wheels.py); the probes decide the lane of any other release.
 STATIC_ONLY = ("0.28.0", "0.33.0")
 SUPPORTED_RANGE = (
     "vLLM " + " and ".join(f"{v} ({lane})" for v, lane in ENGINE_TESTED.items()) + ", engine-tested in CI; "
-    + ", ".join(STATIC_ONLY) + " checked statically by the contract checker only"
+    + ", ".join(STATIC_ONLY) + ": ascend-core's contract pins checked statically only, never run"
 )
 
 

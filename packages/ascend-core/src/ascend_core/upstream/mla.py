@@ -27,3 +27,25 @@ def mla_ratio_kwargs(ratio: int, spec_cls: Any) -> dict[str, int]:
     if ratio < 1:
         raise ValueError(f"MLA ratio must be >= 1, got {ratio}")
     return {mla_ratio_field(spec_cls): ratio}
+
+
+# The hooks through which Ascend's MLA backends take part in vLLM's MLA layer: the platform names the prefill backend
+# the layer asks for, and the backend restates the layer's KV spec as Ascend's (rotary width). A vLLM without them
+# (the legacy lane) would build the layer around its own prefill selector and plain specs, which our MLA impls do not
+# serve, so MLA models are refused at start-up there.
+MLA_HOOKS = (("vllm.platforms.interface", "Platform", "get_mla_prefill_backend_cls"),
+             ("vllm.v1.attention.backend", "AttentionBackend", "customize_spec"))
+
+
+def mla_hooks_unavailable_reason() -> str | None:
+    """Why Ascend's MLA backends (ASCEND_MLA, sparse/compressed MLA) cannot run on the installed vLLM, or None."""
+    import importlib
+
+    from ascend_core.upstream.version import installed_vllm_version
+
+    missing = [f"{cls}.{name}" for module, cls, name in MLA_HOOKS
+               if not hasattr(getattr(importlib.import_module(module), cls), name)]
+    if not missing:
+        return None
+    return (f"vLLM {installed_vllm_version()} has no {' / '.join(missing)}, the hooks through which Ascend's MLA "
+            "backends join vLLM's MLA layer")
