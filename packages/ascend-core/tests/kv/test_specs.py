@@ -73,13 +73,15 @@ def test_invalid_specs_are_refused_by_name(kwargs, message):
 
 
 def test_ratio_goes_through_the_lane_adapter():
-    @dataclasses.dataclass(frozen=True)
-    class LegacyMLASpec:  # <= 0.28 named the ratio compress_ratio
-        block_size: int
-        compress_ratio: int = 1
+    # vLLM's own MLA spec, whichever lane this is (compress_ratio on 0.27.1, tokens_per_state on 0.32.0)
+    from vllm.v1.kv_cache_interface import MLAAttentionSpec
 
-    assert mla_ratio(LegacyMLASpec(block_size=64, compress_ratio=4)) == 4
-    assert [f.name for f in dataclasses.fields(c8())].count("tokens_per_state") == 1
+    from ascend_core.upstream import mla_ratio_field, mla_ratio_kwargs
+
+    spec = MLAAttentionSpec(block_size=64, num_kv_heads=1, head_size=576, dtype=torch.bfloat16,
+                            **mla_ratio_kwargs(4, MLAAttentionSpec))
+    assert mla_ratio(spec) == 4
+    assert [f.name for f in dataclasses.fields(c8())].count(mla_ratio_field(MLAAttentionSpec)) == 1
 
 
 def test_registration_is_explicit_and_idempotent(vllm_config):
