@@ -63,10 +63,15 @@ def run_engine(host, model, prompts, *, sleep_levels: tuple[int, ...] = (), **en
 class PlatformRuns:
     """Each engine of the suite, run on first use and remembered for the session."""
 
-    def __init__(self, sim_host, sim_v1_host, cpu_host, model, gqa_model, prompts) -> None:
-        self.sim_v2, self.sim, self.cpu = sim_host, sim_v1_host, cpu_host
+    def __init__(self, request, sim_v1_host, cpu_host, model, gqa_model, prompts) -> None:
+        self.request, self.sim, self.cpu = request, sim_v1_host, cpu_host
         self.model, self.gqa_model, self.prompts = model, gqa_model, prompts
         self.results: dict[str, dict] = {}
+
+    @property
+    def sim_v2(self):
+        """The MRV2 host, asked for only by the MRV2 runs: where MRV2 is refused (release lane) those skip alone."""
+        return self.request.getfixturevalue("sim_host")
 
     def __getitem__(self, name: str) -> dict:
         if name not in self.results:
@@ -108,8 +113,8 @@ def gqa_model(cache_root):
 
 
 @pytest.fixture(scope="session")
-def platform_runs(sim_host, sim_v1_host, cpu_host, tiny_model, gqa_model, prompts) -> PlatformRuns:
-    return PlatformRuns(sim_host, sim_v1_host, cpu_host, tiny_model, gqa_model, prompts)
+def platform_runs(request, sim_v1_host, cpu_host, tiny_model, gqa_model, prompts) -> PlatformRuns:
+    return PlatformRuns(request, sim_v1_host, cpu_host, tiny_model, gqa_model, prompts)
 
 
 @pytest.fixture(scope="session")

@@ -16,7 +16,8 @@ from ascend_core.upstream import mrv2_unavailable_reason
 # tests/platform/test_release_lane.py checks that refusal; nothing here can run.
 _REFUSED = mrv2_unavailable_reason()
 pytestmark = [pytest.mark.engine, pytest.mark.skipif(
-    _REFUSED is not None, reason=f"Model Runner V2 refused by probe mrv2_kv_hooks: {_REFUSED}")]
+    _REFUSED is not None, reason=f"Model Runner V2 refused by probe mrv2_kv_hooks: {_REFUSED}"),
+    pytest.mark.usefixtures("sim_host")]  # the MRV2 host platform_runs uses for these runs (only these)
 
 RUNNER_V2 = "ascend_platform.worker.model_runner_v2.SimulatedModelRunnerV2"
 

@@ -1,9 +1,10 @@
 """What the release lane (vLLM 0.27.1, the legacy lane) reports and refuses, as a user meets it.
 
-`ascend-vllm doctor --json` names the release, its lane and every probe's result; Model Runner V2, which Ascend's
-runner cannot drive on a vLLM without its KV hooks, is refused at start-up with the probe's reason (never half-run).
-On the current lane these tests skip: there MRV2 runs (tests/platform, tests/mla) and tests/foundation/test_doctor.py
-checks the doctor.
+`ascend-vllm doctor --json` names the release, its lane and every probe's result; what Ascend's code cannot drive on
+that vLLM is refused at start-up with the probe's reason (never half-run): Model Runner V2 (no KV hooks), MLA models
+(no MLA prefill / spec hooks), and the connectors that need the scheduler's KV cache manager (no
+`bind_kv_cache_manager`). On the current lane these tests skip: there those features run (tests/platform, tests/mla,
+tests/kv_pool, tests/kv_transfer) and tests/foundation/test_doctor.py checks the doctor.
 """
 
 from __future__ import annotations
@@ -17,7 +18,12 @@ from pathlib import Path
 
 import pytest
 
-from ascend_core.upstream import ENGINE_TESTED, mrv2_unavailable_reason
+from ascend_core.upstream import (
+    ENGINE_TESTED,
+    connector_kv_manager_unavailable_reason,
+    mla_hooks_unavailable_reason,
+    mrv2_unavailable_reason,
+)
 from ascend_core.upstream.probes import PROBES
 from ascend_testkit.reach.collect import reach_env
 
@@ -81,3 +87,33 @@ def test_mrv2_is_refused_at_startup_with_the_probe_reason(host_pool, tiny_model)
     message = error["message"]
     assert "Model Runner V2 was requested" in message and "bind_kv_cache_to_layers" in message, error
     assert "set it to 0 for the V1 runner" in message, error
+
+
+def test_mla_models_are_refused_at_startup_with_the_probe_reason(sim_v1_host, cache_root):
+    refused = mla_hooks_unavailable_reason()
+    if refused is None:
+        pytest.skip("Ascend's MLA backends run on this vLLM (tests/mla)")
+    from ascend_testkit.models.deepseek import cached_tiny_deepseek
+
+    model = cached_tiny_deepseek(cache_dir=cache_root / "models")
+    error = sim_v1_host.start_error(model, dtype="float32", max_model_len=128, enforce_eager=True, max_num_seqs=2,
+                                    block_size=32)
+    assert error is not None, "an MLA model started on a vLLM the probe says our MLA backends cannot join"
+    assert "cannot run on the Ascend platform here" in error["message"], error
+    assert "get_mla_prefill_backend_cls" in error["message"] and "customize_spec" in error["message"], error
+
+
+@pytest.mark.parametrize("qualname", ["ascend_kv_transfer.store_connector:AscendStoreConnector",
+                                      "ascend_kv_transfer.mooncake_layerwise_connector:AscendMooncakeLayerwiseConnector"])
+def test_connectors_needing_the_kv_cache_manager_are_refused(qualname):
+    if connector_kv_manager_unavailable_reason() is None:
+        pytest.skip("vLLM binds the KV cache manager to connectors here (tests/kv_pool, tests/kv_transfer run them)")
+    import importlib
+
+    from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
+
+    module, name = qualname.split(":")
+    cls = getattr(importlib.import_module(module), name)
+    with pytest.raises(ValueError, match="has no bind_kv_cache_manager") as info:
+        cls(None, KVConnectorRole.SCHEDULER, None)  # refused before it reads any configuration
+    assert f"{name} cannot run on this vLLM" in str(info.value)
