@@ -89,18 +89,22 @@ def test_mrv2_is_refused_at_startup_with_the_probe_reason(host_pool, tiny_model)
     assert "set it to 0 for the V1 runner" in message, error
 
 
-def test_mla_models_are_refused_at_startup_with_the_probe_reason(sim_v1_host, cache_root):
+def test_mla_models_are_refused_at_startup_with_the_probe_reason():
+    """The platform's config hook (check_and_update_config runs it before any worker starts) refuses an MLA model.
+    Called directly rather than through an engine start: an engine would only add vLLM's model inspection (minutes
+    under load) before reaching the same hook."""
     refused = mla_hooks_unavailable_reason()
     if refused is None:
         pytest.skip("Ascend's MLA backends run on this vLLM (tests/mla)")
-    from ascend_testkit.models.deepseek import cached_tiny_deepseek
+    from types import SimpleNamespace
 
-    model = cached_tiny_deepseek(cache_dir=cache_root / "models")
-    error = sim_v1_host.start_error(model, dtype="float32", max_model_len=128, enforce_eager=True, max_num_seqs=2,
-                                    block_size=32)
-    assert error is not None, "an MLA model started on a vLLM the probe says our MLA backends cannot join"
-    assert "cannot run on the Ascend platform here" in error["message"], error
-    assert "get_mla_prefill_backend_cls" in error["message"] and "customize_spec" in error["message"], error
+    from ascend_platform.simulated_platform import SimulatedNPUPlatform
+
+    mla = SimpleNamespace(model_config=SimpleNamespace(use_mla=True, model="tiny-deepseek-v2"))
+    with pytest.raises(ValueError, match="cannot run on the Ascend platform here") as info:
+        SimulatedNPUPlatform._check_mla_hooks(mla)
+    assert "get_mla_prefill_backend_cls" in str(info.value) and "customize_spec" in str(info.value)
+    SimulatedNPUPlatform._check_mla_hooks(SimpleNamespace(model_config=SimpleNamespace(use_mla=False, model="llama")))
 
 
 @pytest.mark.parametrize("qualname", ["ascend_kv_transfer.store_connector:AscendStoreConnector",
