@@ -21,6 +21,7 @@ import pytest
 from ascend_core.upstream import (
     ENGINE_TESTED,
     connector_kv_manager_unavailable_reason,
+    dflash2_unavailable_reason,
     mla_hooks_unavailable_reason,
     mrv2_unavailable_reason,
 )
@@ -121,3 +122,19 @@ def test_connectors_needing_the_kv_cache_manager_are_refused(qualname):
     with pytest.raises(ValueError, match="has no bind_kv_cache_manager") as info:
         cls(None, KVConnectorRole.SCHEDULER, None)  # refused before it reads any configuration
     assert f"{name} cannot run on this vLLM" in str(info.value)
+
+
+def test_dflash2_drafts_are_refused_with_the_probe_reason():
+    """The check the platform's config hook runs on a speculative config (before any worker starts)."""
+    refused = dflash2_unavailable_reason()
+    if refused is None:
+        pytest.skip("vLLM has DFlash2 factories here (tests/specdecode runs DFlash2 drafts)")
+    from types import SimpleNamespace
+
+    from ascend_specdecode import SpeculativeConfigError, validate_speculative_config
+
+    draft = SimpleNamespace(architectures=["DFlash2DraftModel"])
+    spec = SimpleNamespace(method="dflash", num_speculative_tokens=2, draft_model_config=draft, model="tiny-dflash2")
+    with pytest.raises(SpeculativeConfigError, match="DFlash2 drafts cannot run here") as info:
+        validate_speculative_config(spec)
+    assert refused in str(info.value)
