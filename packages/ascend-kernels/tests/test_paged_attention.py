@@ -239,3 +239,24 @@ def test_long_block_table_is_left_alone(strided_caches):
         torch.tensor([20], dtype=torch.int32), scale=0.2,
     )
     assert table.tolist() == [[2, 1, 99]]
+
+
+def test_block_path_runs_on_one_intra_op_thread_and_restores_the_callers(strided_caches, monkeypatch):
+    from ascend_kernels.reference import attention
+
+    seen = []
+    attend = attention._attend_blocks
+    monkeypatch.setattr(attention, "_attend_blocks", lambda *a: seen.append(torch.get_num_threads()) or attend(*a))
+    previous = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        _run(strided_caches, q_lens=[1, 1], seq_lens=[20, 9], heads=4, kv_heads=2, dtype=torch.float32)
+        assert seen == [1] and torch.get_num_threads() == 2
+        _, k, v = strided_caches(4, 16, 2, 32, 32, torch.float32)
+        with pytest.raises(RuntimeError):  # 3 query heads over 2 KV heads fail inside the chunk loop
+            attention.paged_attention(
+                torch.randn(1, 3, 32), k, v, torch.tensor([[0]]), torch.tensor([0, 1]), torch.tensor([5]), scale=0.2
+            )
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(previous)

@@ -14,6 +14,7 @@ rows (prefill): torch's fused scaled_dot_product_attention over the gathered seq
 
 from __future__ import annotations
 
+import contextlib
 import threading
 
 import torch
@@ -25,6 +26,29 @@ CHUNK_BYTES = 8 << 20
 SMALL_ROWS = 64
 
 _WORKSPACE: dict[tuple, torch.Tensor] = {}
+
+
+@contextlib.contextmanager
+def _one_intra_op_thread():
+    """Run the enclosed torch ops on ONE intra-op thread, restoring the caller's count after.
+
+    The block-matmul path is a string of small memory-bound ops, and with N intra-op threads each one is an OpenMP
+    region whose end waits at a barrier for every thread: on a loaded machine a descheduled thread holds each
+    barrier for a scheduler slice. Measured on the 2-core dev machine (benchmarks/kernels.py shapes: decode, 8 x
+    1,024 tokens, interleaved best of 20, load 5-7): 2 threads 260-267 ms float32 / 97-316 ms bfloat16, one thread
+    22-26 ms / 17-28 ms; quiet (load 0.2) the earlier formulation took 15.3 ms on 2 threads and 10.5-10.9 ms of CPU
+    on one, so the second thread bought nothing there either. torch.set_num_threads is cheap (~0.1 us) but sets
+    torch's process default too: a thread that starts its first parallel op inside this window takes that default.
+    """
+    previous = torch.get_num_threads()
+    if previous == 1:
+        yield
+        return
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
 
 
 def _workspace(tag: str, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
@@ -249,9 +273,14 @@ def paged_attention(
             o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
         return rows, o.view(n, hkv, m, g, dv).permute(0, 2, 1, 3, 4).reshape(n * m, hq, dv).to(out.dtype)
 
-    for idx in _chunks(qlens, ctx_blocks, per_block, CHUNK_BYTES):
-        rows, o = attend(idx)
-        out.index_copy_(0, rows, o)
+    chunks = _chunks(qlens, ctx_blocks, per_block, CHUNK_BYTES)
+    with _one_intra_op_thread():  # many small ops per chunk: see _one_intra_op_thread for why
+        for idx in chunks:
+            if by_blocks(qlens[idx[0]]):
+                out.index_copy_(0, *attend(idx))
+    for idx in chunks:  # long prefills: few large fused ops, on the caller's intra-op threads
+        if not by_blocks(qlens[idx[0]]):
+            out.index_copy_(0, *attend(idx))
     return out
 
 
