@@ -21,7 +21,11 @@ import torch
 import torch.nn.functional as F
 
 # Gathered K+V bytes per chunk: big enough to batch a decode step, small enough to stay near the CPU caches.
-CHUNK_BYTES = 8 << 20
+# Measured (one thread, CPU time, benchmarks/kernels.py decode shapes): bfloat16 7.9 ms at 4 MiB vs 8.7 ms at 8 MiB,
+# float32 equal (10.2-10.3 ms at 3-8 MiB), both worse at 1 MiB and at 16 MiB.
+CHUNK_BYTES = 4 << 20
+# The MLA decode's chunks (its own measurements, at the former shared 8 MiB).
+MLA_CHUNK_BYTES = 8 << 20
 # Up to this many query rows per KV head (q_len * heads per KV head) use the block-batched matmuls; more use SDPA.
 SMALL_ROWS = 64
 
@@ -317,7 +321,7 @@ def mla_decode_attention(q_nope_absorbed, q_rope, latent_cache, rope_cache, bloc
     packed = _packed_mla(latent_cache, rope_cache)
     # One query row per head over [latent | rope]: a single score matmul against the packed rows.
     q_all = torch.cat([q_nope_absorbed, q_rope], dim=-1).float() if packed is not None else None
-    for idx in _chunks([1] * b, ctx_blocks, per_block, CHUNK_BYTES):
+    for idx in _chunks([1] * b, ctx_blocks, per_block, MLA_CHUNK_BYTES):
         nbk = max(ctx_blocks[i] for i in idx)
         sel = torch.tensor(idx, device=device)
         blocks = table.index_select(0, sel)[:, :nbk]
