@@ -1,11 +1,12 @@
-"""Tiny random DeepSeek-V2/V3-style checkpoints (multi-head latent attention), built offline for engine tests.
+"""Tiny random DeepSeek-V2/V3/V3.2-style checkpoints (multi-head latent attention), built offline for engine tests.
 
 The latent is DeepSeek's own (kv_lora_rank 512 + rope 64 = 576): vLLM's CPU MLA backend, the reference these
 checkpoints are compared against, only compiles for that size. Everything else is small (hidden 64, 2 layers, 4
 heads of 32 + 64 dims). Layers are dense by default; the MoE options (routed and shared experts, grouped top-k,
 `first_k_dense_replace`) make a DeepSeek MoE model out of the same builder. Weights use a large initializer range
 so each step's distribution is peaked and greedy tokens are decided by the model, not by rounding; the latent
-norms keep the attention well scaled whatever the range.
+norms keep the attention well scaled whatever the range. `model_type="deepseek_v32"` adds V3.2's lightning indexer
+(sparse attention over the `index_topk` best keys per query; transformers' DeepseekV32Config).
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from ascend_testkit.models.tiny_llama import _word
+from ascend_testkit.models.checkpoint_cache import built_once, default_cache_dir
+from ascend_testkit.models.word_tokenizer import save_word_tokenizer
 
 ARCHITECTURES = {"deepseek_v2": "DeepseekV2ForCausalLM", "deepseek_v3": "DeepseekV3ForCausalLM",
                  "deepseek_v32": "DeepseekV32ForCausalLM"}
@@ -124,28 +126,14 @@ def _v32_config(spec: TinyDeepseekSpec, common: dict):
     return config
 
 
-def _save_tokenizer(path: Path, vocab_size: int) -> None:
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    specials = ["<unk>", "<s>", "</s>"]
-    vocab = {tok: i for i, tok in enumerate(specials)}
-    for i in range(vocab_size - len(specials)):
-        vocab[_word(i)] = len(vocab)
-    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token="<s>",
-                            eos_token="</s>").save_pretrained(path)
-
-
 def build_tiny_deepseek(path: str | os.PathLike, spec: TinyDeepseekSpec = TinyDeepseekSpec()) -> Path:
-    """Write a DeepSeek-V2/V3 causal LM with random weights and a WordLevel tokenizer (`w0 … wN`) to `path`."""
+    """Write a DeepSeek-V2/V3/V3.2 causal LM with random weights and a WordLevel tokenizer (`w0 … wN`) to `path`."""
     import torch
     from transformers import AutoModelForCausalLM
 
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
-    _save_tokenizer(path, spec.vocab_size)
+    save_word_tokenizer(path, spec.vocab_size)
     config = _config(spec)
     torch.manual_seed(spec.seed)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
@@ -162,17 +150,5 @@ def build_tiny_deepseek(path: str | os.PathLike, spec: TinyDeepseekSpec = TinyDe
 def cached_tiny_deepseek(spec: TinyDeepseekSpec = TinyDeepseekSpec(),
                          cache_dir: str | os.PathLike | None = None) -> Path:
     """The tiny model for `spec`, built once into the cache and reused (the folder name carries the spec's hash)."""
-    from ascend_testkit.models.tiny_llama import default_cache_dir
-
     folder = Path(cache_dir or default_cache_dir()) / f"tiny-{spec.model_type}-{spec.key()}"
-    if (folder / "config.json").exists() and (folder / "model.safetensors").exists():
-        return folder
-    tmp = folder.with_name(folder.name + f".tmp{os.getpid()}")
-    build_tiny_deepseek(tmp, spec)
-    try:
-        tmp.rename(folder)
-    except OSError:  # another process won the race; its copy is as good as ours
-        import shutil
-
-        shutil.rmtree(tmp, ignore_errors=True)
-    return folder
+    return built_once(folder, lambda tmp: build_tiny_deepseek(tmp, spec))
