@@ -4,8 +4,9 @@ vLLM's `MLAAttention` layer runs a sparse impl that has no dense prefill (`suppo
 MQA path for every token, prefill included: the query arrives with W_UK absorbed, and `forward_mqa` attends over the
 latent cache at the positions the lightning indexer (`ascend_platform.attention.sfa_indexer`) wrote into the model's
 shared `topk_indices_buffer` earlier in the same layer. The latent cache is MLA's (`kv_lora_rank` + rope per token),
-written by `do_kv_cache_update` as in `AscendMLAImpl`. The indexer's own key cache layers get
-`AscendSFAIndexerBackend`, whose metadata is this backend's (one KV cache group: same block table).
+written by `do_kv_cache_update` as in `AscendMLAImpl`. The indexer's own key-cache layers get
+`AscendSFAIndexerBackend`, built by the same metadata builder: the indexer writes and scores keys with its layers'
+block table and slots, and hands on positions (not slots), which the attention maps through its own block table.
 """
 
 from __future__ import annotations
