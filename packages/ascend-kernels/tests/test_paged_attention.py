@@ -260,3 +260,19 @@ def test_block_path_runs_on_one_intra_op_thread_and_restores_the_callers(strided
         assert torch.get_num_threads() == 2
     finally:
         torch.set_num_threads(previous)
+
+
+def test_one_thread_window_works_where_a_bound_worker_froze_set_num_threads(monkeypatch):
+    """vLLM's CPU worker (and ours) replace torch.set_num_threads with a warning no-op after binding threads."""
+    import ascend_kernels.reference.attention as attention
+
+    calls = []
+    monkeypatch.setattr(torch, "set_num_threads", lambda n: calls.append(n))
+    previous = torch.get_num_threads()
+    torch._C.set_num_threads(2)
+    try:
+        with attention._one_intra_op_thread():
+            assert torch.get_num_threads() == 1
+        assert torch.get_num_threads() == 2 and calls == []
+    finally:
+        torch._C.set_num_threads(previous)

@@ -48,11 +48,14 @@ def _one_intra_op_thread():
     if previous == 1:
         yield
         return
-    torch.set_num_threads(1)
+    # torch._C's setter, not `torch.set_num_threads`: a CPU worker that bound its OpenMP threads replaces the latter
+    # with a no-op that warns (vLLM's and our simulated worker), to stop callers resizing the bound pool for good.
+    # This window shrinks the team and restores the same size: the pool's threads and their binding stay.
+    torch._C.set_num_threads(1)
     try:
         yield
     finally:
-        torch.set_num_threads(previous)
+        torch._C.set_num_threads(previous)
 
 
 def _workspace(tag: str, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
