@@ -39,28 +39,18 @@ def log(msg: str) -> None:
 
 
 def decode_run(name: str, model: Path, max_tokens: int, workdir: Path, round_no: int) -> dict:
+    from ascend_testkit.decode_timing import measure_decode
     from ascend_testkit.engine import EngineHost
-    from ascend_testkit.models.tiny_llama import prompt_of_length
 
     lane = ENGINES[name]
     with EngineHost(f"{name}-{round_no}", lane=lane, runner="v1", log_dir=workdir) as host:
         started = host.start(model, **ENGINE)
-        prompts = [prompt_of_length(8, offset=13 * i) for i in range(4)]
-        host.generate(prompts, max_tokens=4, ignore_eos=True)  # warm-up
-        prefill_s = host.generate(prompts, max_tokens=1, ignore_eos=True)["seconds"]
-        before = host.usage()[0] if lane == "simulated" else None
-        gen = host.generate(prompts, max_tokens=max_tokens, ignore_eos=True)
-        tokens = sum(len(o["token_ids"]) for o in gen["outputs"])
-        decode_tokens = tokens - len(prompts)  # the first token of each prompt comes from the prefill step
-        result = {"engine": name, "startup_s": started["startup_s"], "generate_s": gen["seconds"],
-                  "output_tokens": tokens, "decode_tok_s": decode_tokens / max(gen["seconds"] - prefill_s, 1e-9)}
-        if before is not None:
-            after = host.usage()[0]
-            seconds = {k: after["seconds"].get(k, 0.0) - before["seconds"].get(k, 0.0) for k in after["seconds"]}
-            result["our_kernels_s"] = {k: round(v, 4) for k, v in sorted(seconds.items())}
+        result = {"engine": name, "startup_s": started["startup_s"]} | measure_decode(host, max_tokens)
+        if "our_kernels_s" in result:
+            seconds = result["our_kernels_s"]
             result["moe_kernels_share_of_generate"] = round(
-                sum(v for k, v in seconds.items() if "moe" in k) / gen["seconds"], 3)
-            result["layer_class"] = after["facts"].get("moe.layer_class")
+                sum(v for k, v in seconds.items() if "moe" in k) / result["generate_s"], 3)
+            result["layer_class"] = result.pop("facts").get("moe.layer_class")
         host.stop()
     return result
 

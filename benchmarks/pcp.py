@@ -94,7 +94,7 @@ def main() -> int:
     parser.add_argument("--prompt-tokens", type=int, default=2048)
     parser.add_argument("--cache-dir", type=Path, default=None, help="where the benchmark model is built and kept")
     args = parser.parse_args()
-    from ascend_testkit.models.tiny_llama import default_cache_dir
+    from ascend_testkit.models.checkpoint_cache import default_cache_dir
 
     with tempfile.TemporaryDirectory(prefix="pcp-bench-") as tmp:
         result = measure(args.rounds, args.prompt_tokens, args.cache_dir or default_cache_dir(), Path(tmp))

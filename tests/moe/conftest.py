@@ -149,6 +149,10 @@ class MoeRuns:
             host.stop()
         return out
 
+    def _run_expert_parallel_without_eplb(self) -> dict:
+        """Experts split over two EP ranks by vLLM's own expert map (no EPLB placement of ours)."""
+        return self._run(self.sim2, self.models["qwen3"], tensor_parallel_size=2, enable_expert_parallel=True)
+
     def _run_cpu_llama(self) -> dict:
         return self._run(self.cpu, self.llama)
 

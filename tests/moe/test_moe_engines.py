@@ -96,6 +96,17 @@ def test_expert_parallel_with_eplb_matches_tp1_and_survives_rebalances(moe_runs,
     assert run["state_A"][0]["steps"] == run["state_A"][1]["steps"]  # both ranks counted the same steps
 
 
+def test_expert_parallel_without_eplb_uses_vllms_expert_map_and_matches_tp1(moe_runs, logprobs_close):
+    run = moe_runs["expert_parallel_without_eplb"]
+    logprobs_close(run["outputs"], moe_runs["qwen3"]["outputs"], name_0="EP=2 (vLLM's map)", name_1="TP=1")
+    assert len(run["usage"]) == 2
+    for rank_usage in run["usage"]:
+        counts = rank_usage["counts"]
+        # Each rank computed its own experts through vLLM's global -> local map; EPLB never took part.
+        assert counts.get("moe.expert_map", 0) > 0 and counts.get("moe.forward", 0) > 0, counts
+        assert "eplb.layers" not in counts and "eplb.rebalances" not in counts, counts
+
+
 def test_eplb_balances_the_skewed_load(moe_runs):
     run = moe_runs["expert_parallel"]
     before, after = run["window_A"][0], run["window_C"][0]

@@ -23,6 +23,7 @@ import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
+from ascend_testkit.engine.env import vllm_cache_root
 from ascend_testkit.netns import LoopbackNamespace
 from ascend_testkit.reach.collect import reach_env
 
@@ -68,7 +69,8 @@ def inside(netns: LoopbackNamespace | None) -> Iterator[None]:
 
 def serve_env(cache_root: str | os.PathLike, cpu: int | None, *, simulate: bool = True,
               one_engine_process: bool = True, extra: dict[str, str] | None = None) -> dict[str, str]:
-    """Offline, a small KV space, a private vLLM cache, pinned to one core, our platform in the simulated lane.
+    """Offline, a small KV space, a private vLLM cache (model infos shared), pinned to one core, our platform in
+    the simulated lane.
 
     `one_engine_process`: the server still runs its engine core in a child process, but vLLM's CPU platform then
     keeps the worker inside it (uniprocess executor) instead of spawning one more process that imports vLLM again:
@@ -76,7 +78,8 @@ def serve_env(cache_root: str | os.PathLike, cpu: int | None, *, simulate: bool 
     """
     env = dict(os.environ)
     env.update(HF_HUB_OFFLINE="1", VLLM_CPU_KVCACHE_SPACE=env.get("VLLM_CPU_KVCACHE_SPACE", "1"),
-               VLLM_CACHE_ROOT=str(cache_root), TOKENIZERS_PARALLELISM="false", VLLM_NO_USAGE_STATS="1")
+               VLLM_CACHE_ROOT=str(vllm_cache_root(cache_root)), TOKENIZERS_PARALLELISM="false",
+               VLLM_NO_USAGE_STATS="1")
     if one_engine_process:
         env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     if simulate:

@@ -103,6 +103,8 @@ class AscendRoutedExpertsMixin:
                 self.ascend_load += torch.bincount(physical.reshape(-1), minlength=self.ascend_load.shape[0])
             return self.ascend_placement.local_rows(physical)
         if self.use_ep and self.expert_map is not None:
+            if recording:
+                usage.count("moe.expert_map")
             return self.expert_map[ids.long()]  # vLLM's global -> local map, -1 for experts on other ranks
         return ids
 

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 from ascend_testkit.demos.quiet import output_to_log
-from ascend_testkit.models.tiny_llama import default_cache_root
+from ascend_testkit.models.checkpoint_cache import default_cache_root
 
 HELP = "Run generation through the Ascend platform in the simulated-NPU lane on a tiny offline model."
 

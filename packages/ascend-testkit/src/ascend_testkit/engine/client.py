@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from ascend_testkit.engine.env import engine_env
+from ascend_testkit.engine.env import engine_env, vllm_cache_root
 from ascend_testkit.reach.collect import reach_env
 
 HELLO_TIMEOUT_S = 120.0
@@ -53,7 +53,8 @@ class EngineHost:
         self._log = open(self.log_path, "ab")  # noqa: SIM115 - lives as long as the process
         argv = [sys.executable, "-m", "ascend_testkit.engine.host", *(a for s in setup for a in ("--setup", s))]
         cmd = netns.command(argv) if netns is not None else argv
-        host_env = engine_env(lane, log_dir / f"{name}-vllm-cache", cpus=cpus, runner=runner, extra=env)
+        cache_root = vllm_cache_root(log_dir / f"{name}-vllm-cache")
+        host_env = engine_env(lane, cache_root, cpus=cpus, runner=runner, extra=env)
         self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log,
                                      env=host_env)
         self._waiting: deque[tuple[str, float]] = deque([("hello", HELLO_TIMEOUT_S)])

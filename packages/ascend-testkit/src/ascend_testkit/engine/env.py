@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
+import sys
 from collections.abc import Mapping
+from pathlib import Path
 
+from ascend_testkit.models.checkpoint_cache import default_cache_root
 from ascend_testkit.reach.collect import reach_env
 
 LANES = ("simulated", "cpu")
@@ -20,6 +24,25 @@ _BASE = {
 
 
 RUNNERS = {"v1": "0", "v2": "1"}
+
+
+def vllm_cache_root(path: str | os.PathLike) -> Path:
+    """A private VLLM_CACHE_ROOT at `path` whose `modelinfos/` is shared by every engine of this environment.
+
+    vLLM learns a model class's capabilities in a subprocess that imports vLLM and the model again (10-30 s here)
+    unless `modelinfos/` already holds them, keyed by the hash of the model's source file. Every other cache stays
+    private to the engine. One shared folder per Python environment: two vLLM releases would otherwise overwrite
+    each other's entry for the same class on every start.
+    """
+    root = Path(path)
+    root.mkdir(parents=True, exist_ok=True)
+    env_key = hashlib.sha256(sys.prefix.encode()).hexdigest()[:12]
+    shared = default_cache_root() / "vllm-modelinfos" / env_key
+    shared.mkdir(parents=True, exist_ok=True)
+    link = root / "modelinfos"
+    if not link.is_symlink() and not link.exists():
+        link.symlink_to(shared, target_is_directory=True)
+    return root
 
 
 def engine_env(lane: str, cache_root: str | os.PathLike, *, cpus: str | int | None = None, runner: str | None = None,

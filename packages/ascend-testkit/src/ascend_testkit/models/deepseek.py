@@ -16,7 +16,8 @@ import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from ascend_testkit.models.tiny_llama import _word
+from ascend_testkit.models.checkpoint_cache import built_once, default_cache_dir
+from ascend_testkit.models.word_tokenizer import save_word_tokenizer
 
 ARCHITECTURES = {"deepseek_v2": "DeepseekV2ForCausalLM", "deepseek_v3": "DeepseekV3ForCausalLM"}
 
@@ -94,20 +95,6 @@ def _config(spec: TinyDeepseekSpec):
     return config
 
 
-def _save_tokenizer(path: Path, vocab_size: int) -> None:
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    specials = ["<unk>", "<s>", "</s>"]
-    vocab = {tok: i for i, tok in enumerate(specials)}
-    for i in range(vocab_size - len(specials)):
-        vocab[_word(i)] = len(vocab)
-    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token="<s>",
-                            eos_token="</s>").save_pretrained(path)
-
-
 def build_tiny_deepseek(path: str | os.PathLike, spec: TinyDeepseekSpec = TinyDeepseekSpec()) -> Path:
     """Write a DeepSeek-V2/V3 causal LM with random weights and a WordLevel tokenizer (`w0 … wN`) to `path`."""
     import torch
@@ -115,7 +102,7 @@ def build_tiny_deepseek(path: str | os.PathLike, spec: TinyDeepseekSpec = TinyDe
 
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
-    _save_tokenizer(path, spec.vocab_size)
+    save_word_tokenizer(path, spec.vocab_size)
     config = _config(spec)
     torch.manual_seed(spec.seed)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
@@ -132,11 +119,8 @@ def build_tiny_deepseek(path: str | os.PathLike, spec: TinyDeepseekSpec = TinyDe
 def cached_tiny_deepseek(spec: TinyDeepseekSpec = TinyDeepseekSpec(),
                          cache_dir: str | os.PathLike | None = None) -> Path:
     """The tiny model for `spec`, built once into the cache and reused (the folder name carries the spec's hash)."""
-    from ascend_testkit.models.tiny_llama import default_cache_dir
-
     folder = Path(cache_dir or default_cache_dir()) / f"tiny-{spec.model_type}-{spec.key()}"
-    if (folder / "config.json").exists() and (folder / "model.safetensors").exists():
-        return folder
+    return built_once(folder, lambda tmp: build_tiny_deepseek(tmp, spec))
     tmp = folder.with_name(folder.name + f".tmp{os.getpid()}")
     build_tiny_deepseek(tmp, spec)
     try:

@@ -24,6 +24,8 @@ import os
 import shutil
 from pathlib import Path
 
+from ascend_testkit.models.checkpoint_cache import built_once, is_built
+
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 
 
@@ -37,24 +39,16 @@ def _load(folder: Path) -> tuple[dict, dict]:
 def _save(folder: Path, config: dict, weights: dict, tokenizer_from: Path | None) -> Path:
     from safetensors.torch import save_file
 
-    tmp = folder.with_name(folder.name + f".tmp{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    (tmp / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True))
-    save_file({k: v.contiguous() for k, v in weights.items()}, str(tmp / "model.safetensors"))
-    if tokenizer_from is not None:
-        for name in TOKENIZER_FILES:
-            if (tokenizer_from / name).exists():
-                shutil.copy(tokenizer_from / name, tmp / name)
-    try:
-        tmp.rename(folder)
-    except OSError:  # another process built the same folder first; its copy is identical
-        shutil.rmtree(tmp, ignore_errors=True)
-    return folder
+    def write(tmp: Path) -> None:
+        tmp.mkdir(parents=True)
+        (tmp / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True))
+        save_file({k: v.contiguous() for k, v in weights.items()}, str(tmp / "model.safetensors"))
+        if tokenizer_from is not None:
+            for name in TOKENIZER_FILES:
+                if (tokenizer_from / name).exists():
+                    shutil.copy(tokenizer_from / name, tmp / name)
 
-
-def _done(folder: Path) -> bool:
-    return (folder / "config.json").exists() and (folder / "model.safetensors").exists()
+    return built_once(folder, write)
 
 
 def _num_layers(config: dict) -> int:
@@ -74,7 +68,7 @@ def eagle_compatible_target(
 
     target = Path(target)
     folder = Path(out) if out else target.with_name(target.name + f"-eaglecompat-w{sliding_window}")
-    if _done(folder):
+    if is_built(folder):
         return folder
     config, w = _load(target)
     config["layer_types"] = ["sliding_attention"] * _num_layers(config)
@@ -116,7 +110,7 @@ def eagle_draft(
     import torch
 
     target, folder = Path(target), Path(out)
-    if _done(folder):
+    if is_built(folder):
         return folder
     config, tw = _load(target)
     hidden = int(config["hidden_size"])
@@ -144,7 +138,7 @@ def random_llama_draft(target: str | os.PathLike, out: str | os.PathLike, *, see
     import torch
 
     target, folder = Path(target), Path(out)
-    if _done(folder):
+    if is_built(folder):
         return folder
     config, tw = _load(target)
     gen = torch.Generator().manual_seed(seed)
@@ -164,7 +158,7 @@ def dflash_draft(
     import torch
 
     target, folder = Path(target), Path(out)
-    if _done(folder):
+    if is_built(folder):
         return folder
     tconfig, _ = _load(target)
     hidden = int(tconfig["hidden_size"])

@@ -22,7 +22,8 @@ import shutil
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from ascend_testkit.models.tiny_llama import _word, default_cache_dir
+from ascend_testkit.models.checkpoint_cache import built_once, default_cache_dir
+from ascend_testkit.models.word_tokenizer import save_word_tokenizer
 
 SCALED_ARCH = "ScaledExpertsQwen3MoeForCausalLM"
 
@@ -48,21 +49,6 @@ class TinyMoeSpec:
 
     def key(self) -> str:
         return hashlib.sha256(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()[:12]
-
-
-def save_word_tokenizer(path: str | os.PathLike, vocab_size: int) -> None:
-    """The tiny Llama's tokenizer (`<unk> <s> </s>` then `w0 … wN`), so its prompt helpers apply."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    specials = ["<unk>", "<s>", "</s>"]
-    vocab = {tok: i for i, tok in enumerate(specials)}
-    for i in range(vocab_size - len(specials)):
-        vocab[_word(i)] = len(vocab)
-    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token="<s>", eos_token="</s>")
-    fast.save_pretrained(path)
 
 
 def build_tiny_qwen3_moe(path: str | os.PathLike, spec: TinyMoeSpec = TinyMoeSpec()) -> Path:
@@ -102,23 +88,10 @@ def build_tiny_qwen3_moe(path: str | os.PathLike, spec: TinyMoeSpec = TinyMoeSpe
     return path
 
 
-def _cached(folder: Path, build) -> Path:
-    if (folder / "config.json").exists() and any(folder.glob("*.safetensors")):
-        return folder
-    tmp = folder.with_name(folder.name + f".tmp{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    build(tmp)
-    try:
-        tmp.rename(folder)
-    except OSError:  # another process won the race; its copy is as good as ours
-        shutil.rmtree(tmp, ignore_errors=True)
-    return folder
-
-
 def cached_tiny_qwen3_moe(spec: TinyMoeSpec = TinyMoeSpec(), cache_dir: str | os.PathLike | None = None) -> Path:
     """The tiny Qwen3-MoE for `spec`, built once into the cache (the folder name carries the spec's hash)."""
     folder = Path(cache_dir or default_cache_dir()) / f"tiny-qwen3-moe-{spec.key()}"
-    return _cached(folder, lambda tmp: build_tiny_qwen3_moe(tmp, spec))
+    return built_once(folder, lambda tmp: build_tiny_qwen3_moe(tmp, spec))
 
 
 @dataclass(frozen=True)
@@ -181,7 +154,7 @@ def build_tiny_glm_moe(path: str | os.PathLike, spec: TinyGlmMoeSpec = TinyGlmMo
 
 def cached_tiny_glm_moe(spec: TinyGlmMoeSpec = TinyGlmMoeSpec(), cache_dir: str | os.PathLike | None = None) -> Path:
     folder = Path(cache_dir or default_cache_dir()) / f"tiny-glm-moe-{spec.key()}"
-    return _cached(folder, lambda tmp: build_tiny_glm_moe(tmp, spec))
+    return built_once(folder, lambda tmp: build_tiny_glm_moe(tmp, spec))
 
 
 def expert_scale(expert: int) -> float:
@@ -223,4 +196,4 @@ def build_scaled_experts_moe(path: str | os.PathLike, source: str | os.PathLike)
 def cached_scaled_experts_moe(spec: TinyMoeSpec = TinyMoeSpec(), cache_dir: str | os.PathLike | None = None) -> Path:
     source = cached_tiny_qwen3_moe(spec, cache_dir)
     folder = source.with_name(source.name + "-scaled-experts")
-    return _cached(folder, lambda tmp: build_scaled_experts_moe(tmp, source))
+    return built_once(folder, lambda tmp: build_scaled_experts_moe(tmp, source))

@@ -12,6 +12,10 @@ import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from ascend_testkit.models.checkpoint_cache import built_once, default_cache_dir
+from ascend_testkit.models.word_tokenizer import prompt_of_length as prompt_of_length
+from ascend_testkit.models.word_tokenizer import save_word_tokenizer
+
 
 @dataclass(frozen=True)
 class TinyModelSpec:
@@ -30,35 +34,14 @@ class TinyModelSpec:
         return hashlib.sha256(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()[:12]
 
 
-def default_cache_root() -> Path:
-    """$ASCEND_VLLM_CACHE, or ~/.cache/ascend-vllm: models under models/, demo logs under logs/."""
-    return Path(os.environ.get("ASCEND_VLLM_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "ascend-vllm"))
-
-
-def default_cache_dir() -> Path:
-    return default_cache_root() / "models"
-
-
-def _word(i: int) -> str:
-    return f"w{i}"
-
-
 def build_tiny_llama(path: str | os.PathLike, spec: TinyModelSpec = TinyModelSpec()) -> Path:
     """Write a `LlamaForCausalLM` with random weights and a WordLevel tokenizer (`w0 … wN`) to `path`."""
     import torch
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+    from transformers import LlamaConfig, LlamaForCausalLM
 
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
-    specials = ["<unk>", "<s>", "</s>"]
-    vocab = {tok: i for i, tok in enumerate(specials)}
-    for i in range(spec.vocab_size - len(specials)):
-        vocab[_word(i)] = len(vocab)
-    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token="<s>", eos_token="</s>")
-    fast.save_pretrained(path)
+    save_word_tokenizer(path, spec.vocab_size)
 
     config = LlamaConfig(
         vocab_size=spec.vocab_size,
@@ -84,19 +67,4 @@ def build_tiny_llama(path: str | os.PathLike, spec: TinyModelSpec = TinyModelSpe
 def cached_tiny_llama(spec: TinyModelSpec = TinyModelSpec(), cache_dir: str | os.PathLike | None = None) -> Path:
     """The tiny model for `spec`, built once into the cache and reused (the folder name carries the spec's hash)."""
     folder = Path(cache_dir or default_cache_dir()) / f"tiny-llama-{spec.key()}"
-    if (folder / "config.json").exists() and (folder / "model.safetensors").exists():
-        return folder
-    tmp = folder.with_name(folder.name + f".tmp{os.getpid()}")
-    build_tiny_llama(tmp, spec)
-    try:
-        tmp.rename(folder)
-    except OSError:  # another process won the race; its copy is as good as ours
-        import shutil
-
-        shutil.rmtree(tmp, ignore_errors=True)
-    return folder
-
-
-def prompt_of_length(n: int, offset: int = 0, vocab_size: int = 1000) -> str:
-    """A prompt that tokenizes to exactly `n` tokens (no BOS is added by this tokenizer)."""
-    return " ".join(_word((offset + 7 * i) % (vocab_size - 3)) for i in range(n))
+    return built_once(folder, lambda tmp: build_tiny_llama(tmp, spec))
