@@ -197,3 +197,82 @@ def test_packed_and_separate_caches_agree(strided_caches, dtype):
 
     for caches in (strided_caches, separate):
         _run(caches, q_lens=[1, 1, 1], seq_lens=[33, 16, 47], heads=8, kv_heads=2, dtype=dtype)
+
+
+@DTYPES
+def test_head_major_separate_caches(strided_caches, dtype):
+    """Separate K and V caches laid out `[blocks, heads, block_size, head]` (one contiguous page per block and head,
+    as vLLM's CPU layout) gather whole pages each, without the packed path."""
+    from ascend_kernels.reference.attention import _packed_kv, _page_rows
+
+    def head_major(num_blocks, block_size, heads, head_size, head_size_v, dtype, *, seed=0):
+        backing, k, v = strided_caches(num_blocks, block_size, heads, head_size, head_size_v, dtype, seed=seed)
+        k = k.permute(0, 2, 1, 3).contiguous().permute(0, 2, 1, 3)
+        v = v.permute(0, 2, 1, 3).contiguous().permute(0, 2, 1, 3)
+        assert _packed_kv(k, v) is None and _page_rows(k) is not None and _page_rows(v) is not None
+        return backing, k, v
+
+    _run(head_major, q_lens=[1, 1, 3], seq_lens=[33, 16, 47], heads=8, kv_heads=2, dtype=dtype)
+
+
+@pytest.mark.parametrize("kv_heads", [1, 2])
+def test_page_gather_matches_advanced_indexing(strided_caches, kv_heads):
+    """The one-index_select page gather reads exactly the pages the layout-agnostic gather reads."""
+    from ascend_kernels.reference.attention import _gather_pages, _packed_kv, _page_rows
+
+    _, k, v = strided_caches(9, 16, kv_heads, 32, 32, torch.float32)
+    packed = _packed_kv(k, v)
+    blocks = torch.tensor([[3, 0, 8], [5, 5, 1]])
+    heads = torch.arange(kv_heads)
+    for cache in (k, packed):
+        assert _page_rows(cache) is not None or cache is k
+        expected = cache.permute(0, 2, 1, 3)[blocks[:, None, :], heads[None, :, None]].reshape(2, kv_heads, 48, -1)
+        torch.testing.assert_close(_gather_pages("test", cache, blocks), expected, rtol=0, atol=0)
+
+
+def test_long_block_table_is_left_alone(strided_caches):
+    """Out-of-range padding ids in the caller's table are clamped on a copy, never in place."""
+    _, k, v = strided_caches(4, 16, 2, 32, 32, torch.float32)
+    table = torch.tensor([[2, 1, 99]])
+    ops.paged_attention(
+        torch.randn(1, 4, 32), k, v, table, torch.tensor([0, 1], dtype=torch.int32),
+        torch.tensor([20], dtype=torch.int32), scale=0.2,
+    )
+    assert table.tolist() == [[2, 1, 99]]
+
+
+def test_block_path_runs_on_one_intra_op_thread_and_restores_the_callers(strided_caches, monkeypatch):
+    from ascend_kernels.reference import attention
+
+    seen = []
+    attend = attention._attend_blocks
+    monkeypatch.setattr(attention, "_attend_blocks", lambda *a: seen.append(torch.get_num_threads()) or attend(*a))
+    previous = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        _run(strided_caches, q_lens=[1, 1], seq_lens=[20, 9], heads=4, kv_heads=2, dtype=torch.float32)
+        assert seen == [1] and torch.get_num_threads() == 2
+        _, k, v = strided_caches(4, 16, 2, 32, 32, torch.float32)
+        with pytest.raises(RuntimeError):  # 3 query heads over 2 KV heads fail inside the chunk loop
+            attention.paged_attention(
+                torch.randn(1, 3, 32), k, v, torch.tensor([[0]]), torch.tensor([0, 1]), torch.tensor([5]), scale=0.2
+            )
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(previous)
+
+
+def test_one_thread_window_works_where_a_bound_worker_froze_set_num_threads(monkeypatch):
+    """vLLM's CPU worker (and ours) replace torch.set_num_threads with a warning no-op after binding threads."""
+    import ascend_kernels.reference.attention as attention
+
+    calls = []
+    monkeypatch.setattr(torch, "set_num_threads", lambda n: calls.append(n))
+    previous = torch.get_num_threads()
+    torch._C.set_num_threads(2)
+    try:
+        with attention._one_intra_op_thread():
+            assert torch.get_num_threads() == 1
+        assert torch.get_num_threads() == 2 and calls == []
+    finally:
+        torch._C.set_num_threads(previous)

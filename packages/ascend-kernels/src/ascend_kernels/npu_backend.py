@@ -100,6 +100,18 @@ NPU_BINDINGS: dict[str, NpuBinding] = {
         "logsumexp",
     ),
     "gather_kv_rows": NpuBinding(target="torch.index_select on the NPU device", kind="torch"),
+    # SFA: the cache holds fp8 keys with float32 scales (vLLM's indexer-cache size); vllm-ascend's fused
+    # lightning-indexer / sparse-flash-attention kernels take bf16 keys and come from its own op library, not
+    # torch_npu, so these run the reference on the device until a torch_npu kernel takes this layout.
+    "quantize_fp8_groups": NpuBinding(target="ascend_kernels.reference.sparse_mla on the NPU device", kind="torch",
+                                      note="float8_e4m3fn casts on the device"),
+    "indexer_cache_write": NpuBinding(target="ascend_kernels.reference.sparse_mla on the NPU device", kind="torch",
+                                      note="fp8 e4m3 + float32 scale per 128 elements, scattered by slot"),
+    "indexer_topk": NpuBinding(target="ascend_kernels.reference.sparse_mla on the NPU device", kind="torch",
+                               note="npu_lightning_indexer needs bf16 keys; one loop step per request"),
+    "sparse_mla_attention": NpuBinding(target="ascend_kernels.reference.sparse_mla on the NPU device", kind="torch",
+                                       note="npu_sparse_flash_attention is not a torch_npu op; gathers the "
+                                       "selected latents by position"),
 }
 
 _FIA_MASK_SIZE = 2048  # the compressed causal mask sparse_mode 3 expects
@@ -434,6 +446,10 @@ def npu_ops() -> dict[str, Callable]:
         "paged_attention_with_lse": paged_attention_with_lse,
         "merge_attention_states": merge_attention_states,
         "gather_kv_rows": reference.gather_kv_rows,
+        "quantize_fp8_groups": reference.quantize_fp8_groups,
+        "indexer_cache_write": reference.indexer_cache_write,
+        "indexer_topk": reference.indexer_topk,
+        "sparse_mla_attention": reference.sparse_mla_attention,
     }
     assert table.keys() == NPU_BINDINGS.keys()
     return table

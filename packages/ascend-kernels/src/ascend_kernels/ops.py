@@ -17,6 +17,7 @@ import torch
 from ascend_kernels import validation as _v
 from ascend_kernels import validation_cp as _vcp
 from ascend_kernels import validation_mla as _vm
+from ascend_kernels import validation_sfa as _vs
 from ascend_kernels.registry import OP_NAMES, current_impl
 
 __all__ = list(OP_NAMES)
@@ -379,6 +380,69 @@ def token_ranks(logits, token_ids) -> torch.Tensor:
     if _SWITCH.enabled:
         _v.check_token_ranks(logits, token_ids)
     return current_impl().token_ranks(logits, token_ids)
+
+
+# ------------------------------------------------------------------------- sparse attention (SFA, DeepSeek V3.2)
+
+
+def quantize_fp8_groups(x, *, group_size: int, pow2_scales: bool = True):
+    """Per-group dynamic float8_e4m3fn quantization along the last dim (DeepSeek V3.2's indexer query).
+
+    x float `[..., D]` with D a multiple of group_size. Per group: scale = max(amax, 1e-10) / 448, rounded up to a
+    power of two when `pow2_scales` (ue8m0); values = clamp(x / scale, +-448) rounded to nearest float8_e4m3fn.
+    Returns (values float8_e4m3fn `[..., D]`, scales float32 `[..., D // group_size]`).
+    """
+    if _SWITCH.enabled:
+        _vs.check_quantize_fp8_groups(x, group_size)
+    return current_impl().quantize_fp8_groups(x, group_size=group_size, pow2_scales=pow2_scales)
+
+
+def indexer_cache_write(k, k_cache, scale_cache, slot_mapping) -> None:
+    """Write each token's lightning-indexer key into its slot of the indexer cache, fp8-quantized, in place.
+
+    k float `[num_tokens, head_dim]` (head_dim a multiple of 128); k_cache float8_e4m3fn `[num_blocks, block_size,
+    1, head_dim]` and scale_cache float32 `[num_blocks, block_size, 1, head_dim // 128]` (strided views allowed):
+    value = k / scale per 128 elements with scale = 2^ceil(log2(amax / 448)). Slots as in `reshape_and_cache`
+    (slot_mapping at least num_tokens long; -1 skipped).
+    """
+    if _SWITCH.enabled:
+        _vs.check_indexer_cache_write(k, k_cache, scale_cache, slot_mapping)
+    current_impl().indexer_cache_write(k, k_cache, scale_cache, slot_mapping)
+
+
+def indexer_topk(q, weights, k_cache, scale_cache, block_table, query_start_loc, seq_lens, *,
+                 topk: int) -> torch.Tensor:
+    """The lightning indexer: each query token's `topk` best key positions in its own request.
+
+    q `[num_tokens, index_heads, head_dim]` (any float dtype, float8 included; read as float32), weights float
+    `[num_tokens, index_heads]`; caches as in `indexer_cache_write` (keys dequantized: fp8 value * scale); requests
+    as in `paged_attention` (block_table `[num_reqs, max_blocks]`, query_start_loc `[num_reqs + 1]`, seq_lens
+    `[num_reqs]`; query i of a request with m queries sits at position p = seq_len - m + i). Score of key position
+    j <= p: `sum_h weights[t, h] * relu(q[t, h] . k_j)`. Returns int32 `[num_tokens, topk]`: the positions of the
+    min(topk, p + 1) highest scores in descending position order, then -1 (rows of padding tokens are all -1).
+    """
+    if _SWITCH.enabled:
+        _vs.check_indexer_topk(q, weights, k_cache, scale_cache, block_table, query_start_loc, seq_lens, topk)
+    return current_impl().indexer_topk(q, weights, k_cache, scale_cache, block_table, query_start_loc, seq_lens,
+                                       topk=topk)
+
+
+def sparse_mla_attention(q_nope_absorbed, q_rope, latent_cache, rope_cache, block_table, query_start_loc,
+                         topk_positions, *, scale: float, out=None) -> torch.Tensor:
+    """MLA over each query's selected tokens only (decode and prefill alike, W_UK absorbed into the query).
+
+    q_nope_absorbed `[num_tokens, num_heads, kv_lora_rank]`, q_rope `[num_tokens, num_heads, rope_dim]`; caches as in
+    `reshape_and_cache_mla`; request r owns query rows `query_start_loc[r] : [r+1]` and reads block-table row r;
+    topk_positions int `[>= num_tokens, K]`: the key positions (within the request) each query attends to, -1 for
+    none. Logits `scale * (q_nope.latent_j + q_rope.rope_j)` over the selected j, float32 softmax; returns
+    `sum_j w_j * latent_j` as `[num_tokens, num_heads, kv_lora_rank]` (rows past `query_start_loc[-1]` and rows
+    that selected nothing are zeros; written into `out` when given).
+    """
+    if _SWITCH.enabled:
+        _vs.check_sparse_mla_attention(q_nope_absorbed, q_rope, latent_cache, rope_cache, block_table,
+                                       query_start_loc, topk_positions, scale, out)
+    return current_impl().sparse_mla_attention(q_nope_absorbed, q_rope, latent_cache, rope_cache, block_table,
+                                               query_start_loc, topk_positions, scale=scale, out=out)
 
 
 # ------------------------------------------------------------------------- context parallelism (PCP)

@@ -39,6 +39,10 @@ OP_NAMES: tuple[str, ...] = (
     "paged_attention_with_lse",
     "merge_attention_states",
     "gather_kv_rows",
+    "quantize_fp8_groups",
+    "indexer_cache_write",
+    "indexer_topk",
+    "sparse_mla_attention",
 )
 
 BACKEND_NAMES: tuple[str, ...] = ("reference", "npu")

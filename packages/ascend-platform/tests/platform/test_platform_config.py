@@ -122,5 +122,11 @@ def test_attention_selection_through_the_platform(make_config):
         assert SimulatedNPUPlatform.get_attn_backend_cls(None, sel._replace(use_mla=True)) == MLA_BACKEND
         with pytest.raises(AttentionConfigError, match="ASCEND_MLA cannot serve this model: kv_cache_dtype 'fp8'"):
             SimulatedNPUPlatform.get_attn_backend_cls(None, sel._replace(use_mla=True, kv_cache_dtype="fp8"))
-    with set_current_vllm_config(make_config()), pytest.raises(NotImplementedError, match="ASCEND_SFA"):
-        SimulatedNPUPlatform.get_attn_backend_cls(None, sel._replace(use_mla=True, use_sparse=True))
+    from ascend_platform.attention.selector import SFA_BACKEND, AttentionChoice, select_attention_backend
+
+    with set_current_vllm_config(make_config()):
+        assert SimulatedNPUPlatform.get_attn_backend_cls(None, sel._replace(use_mla=True, use_sparse=True)) \
+            == SFA_BACKEND
+    assert "ASCEND_SFA" in AttentionBackendEnum.__members__
+    with pytest.raises(NotImplementedError, match="ASCEND_DSA"):  # DeepSeek V4's compressed sparse attention
+        select_attention_backend(AttentionChoice(use_mla=True, use_sparse=True, compressed=True, is_310p=False))

@@ -21,6 +21,12 @@ from ascend_kernels.reference.mla_prefill import gather_mla_cache, mla_prefill_a
 from ascend_kernels.reference.moe import fused_moe, fused_moe_reference, moe_gating_topk, topk_softmax
 from ascend_kernels.reference.rejection import rejection_sample
 from ascend_kernels.reference.sampling import sample, sample_greedy
+from ascend_kernels.reference.sparse_mla import (
+    indexer_cache_write,
+    indexer_topk,
+    quantize_fp8_groups,
+    sparse_mla_attention,
+)
 
 REFERENCE_OPS = {
     "reshape_and_cache": reshape_and_cache,
@@ -47,4 +53,8 @@ REFERENCE_OPS = {
     "paged_attention_with_lse": paged_attention_with_lse,
     "merge_attention_states": merge_attention_states,
     "gather_kv_rows": gather_kv_rows,
+    "quantize_fp8_groups": quantize_fp8_groups,
+    "indexer_cache_write": indexer_cache_write,
+    "indexer_topk": indexer_topk,
+    "sparse_mla_attention": sparse_mla_attention,
 }

@@ -1,27 +1,61 @@
 """Paged attention and MLA decode attention (reference), vectorised over requests.
 
 Requests are processed in chunks of equal query length (decodes together, speculative-decode verifies together, each
-long prefill alone) whose gathered K/V stays under `CHUNK_BYTES`. A chunk gathers its blocks with one `index_select`
-per cache into a reused workspace (no per-call allocation of large temporaries, no Python loop per token) and folds
-the query heads that share a KV head into rows (`[n, kv_heads, q_len * group, head]`). Few rows (decode, speculative
-verify), sinks or a distinct V head size: scores and outputs are batched matmuls per (request, block, KV head) over
-head-major gathered blocks, with an explicit float32 softmax. Many rows (prefill): torch's fused
-scaled_dot_product_attention over the gathered sequence.
+long prefill alone) whose gathered K/V stays under `CHUNK_BYTES`. A chunk gathers its blocks into a reused workspace
+(no per-call allocation of large temporaries, no Python loop per token) and folds the query heads that share a KV
+head into rows (`[n, kv_heads, q_len * group, head]`). Few rows (decode, speculative verify), sinks or a distinct V
+head size: the pages are gathered head-major (`[n, kv_heads, keys, head]`), so the scores are ONE batched matmul
+over every (request, KV head) of the chunk, then one float32 softmax and one output matmul. Few ops per chunk matter
+as much as few bytes: with several intra-op threads every torch op is an OpenMP region whose barrier waits for a
+descheduled thread on a loaded machine (the previous per-(request, block, head) formulation needed about twice the
+ops, with re-layout copies of queries, scores and probabilities, and ran ~2x slower at load ~8 on 2 cores). Many
+rows (prefill): torch's fused scaled_dot_product_attention over the gathered sequence.
 """
 
 from __future__ import annotations
 
+import contextlib
 import threading
 
 import torch
 import torch.nn.functional as F
 
 # Gathered K+V bytes per chunk: big enough to batch a decode step, small enough to stay near the CPU caches.
-CHUNK_BYTES = 8 << 20
+# Measured (one thread, CPU time, benchmarks/kernels.py decode shapes): bfloat16 7.9 ms at 4 MiB vs 8.7 ms at 8 MiB,
+# float32 equal (10.2-10.3 ms at 3-8 MiB), both worse at 1 MiB and at 16 MiB.
+CHUNK_BYTES = 4 << 20
+# The MLA decode's chunks (its own measurements, at the former shared 8 MiB).
+MLA_CHUNK_BYTES = 8 << 20
 # Up to this many query rows per KV head (q_len * heads per KV head) use the block-batched matmuls; more use SDPA.
 SMALL_ROWS = 64
 
 _WORKSPACE: dict[tuple, torch.Tensor] = {}
+
+
+@contextlib.contextmanager
+def _one_intra_op_thread():
+    """Run the enclosed torch ops on ONE intra-op thread, restoring the caller's count after.
+
+    The block-matmul path is a string of small memory-bound ops, and with N intra-op threads each one is an OpenMP
+    region whose end waits at a barrier for every thread: on a loaded machine a descheduled thread holds each
+    barrier for a scheduler slice. Measured on the 2-core dev machine (benchmarks/kernels.py shapes: decode, 8 x
+    1,024 tokens, interleaved best of 20, load 5-7): 2 threads 260-267 ms float32 / 97-316 ms bfloat16, one thread
+    22-26 ms / 17-28 ms; quiet (load 0.2) the earlier formulation took 15.3 ms on 2 threads and 10.5-10.9 ms of CPU
+    on one, so the second thread bought nothing there either. torch.set_num_threads is cheap (~0.1 us) but sets
+    torch's process default too: a thread that starts its first parallel op inside this window takes that default.
+    """
+    previous = torch.get_num_threads()
+    if previous == 1:
+        yield
+        return
+    # torch._C's setter, not `torch.set_num_threads`: a CPU worker that bound its OpenMP threads replaces the latter
+    # with a no-op that warns (vLLM's and our simulated worker), to stop callers resizing the bound pool for good.
+    # This window shrinks the team and restores the same size: the pool's threads and their binding stay.
+    torch._C.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch._C.set_num_threads(previous)
 
 
 def _workspace(tag: str, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
@@ -41,16 +75,50 @@ def _workspace(tag: str, shape: tuple[int, ...], dtype: torch.dtype, device: tor
 
 
 def _gather_blocks(tag: str, cache: torch.Tensor, blocks: torch.Tensor) -> torch.Tensor:
-    """cache[blocks] (blocks: `[n, nbk]` long) head-major, as `[n * nbk, heads, block_size, dim]`.
+    """cache[blocks] (blocks: `[n, nbk]` long) block-major, as `[n * nbk, heads, block_size, dim]`.
 
-    Reading through the cache's own strides (one `index_select` over a permuted view), so any strided layout works;
-    the copy is contiguous per (block, head), which is what the batched matmuls want.
+    Reading through the cache's own strides (one `index_select` over a permuted view), so any strided layout works.
     """
     heads_major = cache.permute(0, 2, 1, 3)
     _, h, bs, d = heads_major.shape
     dst = _workspace(tag, (blocks.numel(), h, bs, d), cache.dtype, cache.device)
     torch.index_select(heads_major, 0, blocks.reshape(-1), out=dst)
     return dst
+
+
+def _page_rows(cache: torch.Tensor) -> tuple[torch.Tensor, int, int] | None:
+    """The cache's storage as `[rows, block_size * width]`, one row per (block, head) page, with the row of block b,
+    head h at `b * rows_per_block + h + first`, when every page is one contiguous run (the allocator's layout);
+    returns (rows, rows_per_block, first), else None."""
+    _, bs, h, w = cache.shape
+    s0, s1, s2, s3 = cache.stride()
+    unit = s2 if h > 1 else bs * w
+    offset = cache.storage_offset()
+    if s3 != 1 or s1 != w or unit < bs * w or s0 % unit or offset % unit:
+        return None
+    total = cache.untyped_storage().nbytes() // cache.element_size()
+    rows = (total - bs * w) // unit + 1
+    return cache.as_strided((rows, bs * w), (unit, 1), 0), s0 // unit, offset // unit
+
+
+def _gather_pages(tag: str, cache: torch.Tensor, blocks: torch.Tensor) -> torch.Tensor:
+    """cache[blocks] (blocks: `[n, nbk]` long) head-major, as `[n, heads, nbk * block_size, width]`.
+
+    The keys one (request, head) attends to become one uniformly strided matrix, so a single batched matmul covers a
+    whole chunk with no re-layout of queries, scores or probabilities. The allocator's pages take one `index_select`
+    of whole (block, head) pages; any other layout an advanced-index gather through its strides (~4x slower).
+    """
+    n, nbk = blocks.shape
+    _, bs, h, w = cache.shape
+    heads = torch.arange(h, device=cache.device)
+    pages = _page_rows(cache)
+    if pages is None:
+        return cache.permute(0, 2, 1, 3)[blocks[:, None, :], heads[None, :, None]].view(n, h, nbk * bs, w)
+    rows, per_block, first = pages
+    index = (blocks[:, None, :] * per_block + heads[None, :, None] + first).reshape(-1)
+    dst = _workspace(tag, (index.numel(), bs * w), cache.dtype, cache.device)
+    torch.index_select(rows, 0, index, out=dst)
+    return dst.view(n, h, nbk * bs, w)
 
 
 def _packed_kv(key_cache: torch.Tensor, value_cache: torch.Tensor) -> torch.Tensor | None:
@@ -80,15 +148,15 @@ def _gather_sequence(tag: str, cache: torch.Tensor, blocks: torch.Tensor) -> tor
     return dst.view(n, nbk * bs, h, d)
 
 
-def _chunks(qlens: list[int], ctx_blocks: list[int], bytes_per_block: int) -> list[list[int]]:
-    """Group request indices with equal q_len, each group's gathered bytes under CHUNK_BYTES (at least one)."""
+def _chunks(qlens: list[int], ctx_blocks: list[int], bytes_per_block: int, limit: int) -> list[list[int]]:
+    """Group request indices with equal q_len, each group's gathered bytes under `limit` (at least one request)."""
     order = sorted((i for i, q in enumerate(qlens) if q > 0), key=lambda i: qlens[i])
     chunks: list[list[int]] = []
     cur: list[int] = []
     cur_max = 0
     for i in order:
         grown = max(cur_max, ctx_blocks[i])
-        if cur and (qlens[i] != qlens[cur[0]] or grown * (len(cur) + 1) * bytes_per_block > CHUNK_BYTES):
+        if cur and (qlens[i] != qlens[cur[0]] or grown * (len(cur) + 1) * bytes_per_block > limit):
             chunks.append(cur)
             cur, grown = [], ctx_blocks[i]
         cur.append(i)
@@ -99,31 +167,27 @@ def _chunks(qlens: list[int], ctx_blocks: list[int], bytes_per_block: int) -> li
 
 
 def _attend_blocks(q, key_cache, value_cache, blocks, mask, scale, sink_rows):
-    """Attention with one batched matmul per (request, block, kv head): no gathered sequence is ever re-laid out.
+    """Attention over head-major gathered pages: one batched matmul for the scores, one for the output.
 
     q `[n, hkv, rows, d]`; blocks `[n, nbk]`; mask `[n, 1, rows, nbk * bs]` or None (everything visible); float32
-    softmax, with per-row sink logits `[1, hkv, rows, 1]` joining the denominator when given. Scores are
-    `q @ K^T` (rows x block), the orientation BLAS runs ~3x faster than `K @ q^T` for a handful of rows. Packed K|V
-    caches are gathered in one pass; separate ones gather V only after the scores, so each gathered chunk is read
-    back while it is still in the CPU caches.
+    softmax, with per-row sink logits `[1, hkv, rows, 1]` joining the denominator when given. Scores are `q @ K^T`
+    (rows x keys), the orientation BLAS runs ~3x faster than `K @ q^T` for a handful of rows. Packed K|V caches are
+    gathered in one pass (half the DRAM streams of two gathers). Returns `[n, hkv, rows, dv]` in q's dtype.
     """
     n, hkv, rows, d = q.shape
-    nbk = blocks.shape[1]
-    bs = key_cache.shape[1]
-    entries = n * nbk * hkv
     packed = _packed_kv(key_cache, value_cache)
     if packed is not None:
-        # One pass over each token's K|V row: half the DRAM streams of two gathers.
-        both = _gather_blocks("kv", packed, blocks).view(entries, bs, 2 * d)
-        k_blocks, v_blocks = both[:, :, :d], both[:, :, d:]
-        if k_blocks.dtype != torch.float32:
-            # oneDNN's reduced-precision GEMM is ~8x slower on a strided K^T than a copy plus a dense one.
-            k_blocks = _workspace("k_dense", (entries, bs, d), k_blocks.dtype, k_blocks.device).copy_(k_blocks)
+        kv = _gather_pages("kv", packed, blocks)
+        k, v = kv[..., :d], kv[..., d:]
     else:
-        k_blocks = _gather_blocks("k", key_cache, blocks).view(entries, bs, d)  # [n * nbk * hkv, bs, d]
-    q_rep = (q * scale).unsqueeze(1).expand(n, nbk, hkv, rows, d).reshape(entries, rows, d)
-    s = torch.bmm(q_rep, k_blocks.transpose(1, 2))  # [entries, rows, bs]
-    s = s.view(n, nbk, hkv, rows, bs).permute(0, 2, 3, 1, 4).float().reshape(n, hkv, rows, nbk * bs)
+        k = _gather_pages("k", key_cache, blocks)
+        v = _gather_pages("v", value_cache, blocks)
+    length = k.shape[2]
+    if k.dtype != torch.float32 and not k.is_contiguous():
+        # oneDNN's reduced-precision GEMM is ~2-8x slower on a strided K^T than a copy plus a dense one.
+        k = _workspace("k_dense", tuple(k.shape), k.dtype, k.device).copy_(k)
+    s = torch.bmm((q * scale).reshape(n * hkv, rows, d), k.reshape(n * hkv, length, d).transpose(1, 2))
+    s = s.view(n, hkv, rows, length).float()
     if mask is not None:
         s.masked_fill_(~mask, float("-inf"))
     if sink_rows is None:
@@ -132,11 +196,8 @@ def _attend_blocks(q, key_cache, value_cache, blocks, mask, scale, sink_rows):
         top = torch.maximum(s.amax(dim=-1, keepdim=True), sink_rows)
         e = torch.exp(s - top)
         p = e / (e.sum(dim=-1, keepdim=True) + torch.exp(sink_rows - top))
-    p = p.to(q.dtype).view(n, hkv, rows, nbk, bs).permute(0, 3, 1, 2, 4).reshape(entries, rows, bs)
-    if packed is None:
-        v_blocks = _gather_blocks("v", value_cache, blocks).view(entries, bs, value_cache.shape[3])
-    o = torch.bmm(p, v_blocks)
-    return o.view(n, nbk, hkv, rows, -1).float().sum(dim=1)  # [n, hkv, rows, dv]
+    o = torch.bmm(p.to(q.dtype).view(n * hkv, rows, length), v.reshape(n * hkv, length, v.shape[3]))
+    return o.view(n, hkv, rows, -1)
 
 
 def _mask(ctx, m, g, length, causal, sliding_window):
@@ -188,8 +249,13 @@ def paged_attention(
     ctx_blocks = [-(-n // bs) for n in lens]
     per_block = bs * hkv * (d + dv) * key_cache.element_size()
     device = query.device
-    table = block_table.long().clamp_(0, key_cache.shape[0] - 1)
-    for idx in _chunks(qlens, ctx_blocks, per_block):
+    table = block_table.long().clamp(0, key_cache.shape[0] - 1)  # never in place: the caller's table may be long
+
+    def by_blocks(m: int) -> bool:  # else torch's fused attention, which tiles a long prefill's [rows, keys] problem
+        return sinks is not None or dv != d or m * g <= SMALL_ROWS
+
+    def attend(idx: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """(token rows, their outputs `[rows, hq, dv]`) of one chunk of requests with equal q_len."""
         n, m = len(idx), qlens[idx[0]]
         nbk = max(ctx_blocks[i] for i in idx)
         sel = torch.tensor(idx, device=device)
@@ -206,17 +272,25 @@ def paged_attention(
             if everything_visible
             else _mask(seq_lens.index_select(0, sel).long(), m, g, length, causal, sliding_window)
         )
-        if sinks is not None or dv != d or m * g <= SMALL_ROWS:
+        if by_blocks(m):
             sink_rows = None
             if sinks is not None:
                 sink_rows = sinks.float().view(1, hkv, 1, g, 1).expand(1, hkv, m, g, 1).reshape(1, hkv, m * g, 1)
             o = _attend_blocks(q, key_cache, value_cache, blocks, mask, scale, sink_rows)
-        else:  # long prefills: torch's fused attention tiles the [rows, keys] problem
+        else:
             k = _gather_sequence("k", key_cache, blocks).transpose(1, 2)  # [n, hkv, L, d]
             v = _gather_sequence("v", value_cache, blocks).transpose(1, 2)
             o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
-        o = o.view(n, hkv, m, g, dv).permute(0, 2, 1, 3, 4).reshape(n * m, hq, dv)
-        out.index_copy_(0, rows, o.to(out.dtype))
+        return rows, o.view(n, hkv, m, g, dv).permute(0, 2, 1, 3, 4).reshape(n * m, hq, dv).to(out.dtype)
+
+    chunks = _chunks(qlens, ctx_blocks, per_block, CHUNK_BYTES)
+    with _one_intra_op_thread():  # many small ops per chunk: see _one_intra_op_thread for why
+        for idx in chunks:
+            if by_blocks(qlens[idx[0]]):
+                out.index_copy_(0, *attend(idx))
+    for idx in chunks:  # long prefills: few large fused ops, on the caller's intra-op threads
+        if not by_blocks(qlens[idx[0]]):
+            out.index_copy_(0, *attend(idx))
     return out
 
 
@@ -253,7 +327,7 @@ def mla_decode_attention(q_nope_absorbed, q_rope, latent_cache, rope_cache, bloc
     packed = _packed_mla(latent_cache, rope_cache)
     # One query row per head over [latent | rope]: a single score matmul against the packed rows.
     q_all = torch.cat([q_nope_absorbed, q_rope], dim=-1).float() if packed is not None else None
-    for idx in _chunks([1] * b, ctx_blocks, per_block):
+    for idx in _chunks([1] * b, ctx_blocks, per_block, MLA_CHUNK_BYTES):
         nbk = max(ctx_blocks[i] for i in idx)
         sel = torch.tensor(idx, device=device)
         blocks = table.index_select(0, sel)[:, :nbk]

@@ -15,12 +15,13 @@ _PKG = "ascend_platform.attention"
 ATTENTION_BACKEND = f"{_PKG}.backend.AscendAttentionBackend"
 ATTENTION_310P_BACKEND = f"{_PKG}.backend.Ascend310PAttentionBackend"
 MLA_BACKEND = f"{_PKG}.mla_backend.AscendMLABackend"
+SFA_BACKEND = f"{_PKG}.sfa_backend.AscendSFABackend"
 
 # (use_mla, use_sparse, compressed) -> backend class path, or None where the backend is not built yet.
 BACKENDS: dict[tuple[bool, bool, bool], str | None] = {
     (False, False, False): ATTENTION_BACKEND,
     (True, False, False): MLA_BACKEND,
-    (True, True, False): None,  # SFA: sparse flash attention (DeepSeek V3.2)
+    (True, True, False): SFA_BACKEND,  # SFA: sparse flash attention (DeepSeek V3.2)
     (True, True, True): None,  # DSA with the compressed indexer cache (DeepSeek V4)
     (True, False, True): None,  # compressed MLA
 }
@@ -50,7 +51,7 @@ def register_backend_names() -> None:
     from vllm.v1.attention.backends.registry import AttentionBackendEnum, register_backend
 
     for name, path in (("ASCEND", ATTENTION_BACKEND), ("ASCEND_310P", ATTENTION_310P_BACKEND),
-                       ("ASCEND_MLA", MLA_BACKEND)):
+                       ("ASCEND_MLA", MLA_BACKEND), ("ASCEND_SFA", SFA_BACKEND)):
         if name not in AttentionBackendEnum.__members__:
             register_backend(name, path)
 

@@ -45,6 +45,7 @@ CAPS = {
     "ASCEND": BackendCaps("ASCEND", context_parallel=True),
     "ASCEND_310P": BackendCaps("ASCEND_310P", context_parallel=True),
     "ASCEND_MLA": BackendCaps("ASCEND_MLA"),
+    "ASCEND_SFA": BackendCaps("ASCEND_SFA"),
 }
 
 
@@ -81,7 +82,8 @@ def check_backend(name: str, req: AttentionRequest) -> None:
 
 def check_mla_impl_args(*, alibi_slopes, sliding_window, logits_soft_cap, attn_type: str,
                         kv_sharing_target_layer_name, kv_cache_dtype: str, dcp_world_size: int, pcp_world_size: int,
-                        head_size: int, kv_lora_rank: int, qk_rope_head_dim: int) -> None:
+                        head_size: int, kv_lora_rank: int, qk_rope_head_dim: int,
+                        backend: str = "ASCEND_MLA") -> None:
     reasons = []
     for what, value in (("ALiBi slopes", alibi_slopes), ("a sliding window", sliding_window),
                         ("logits_soft_cap", logits_soft_cap), ("KV sharing", kv_sharing_target_layer_name)):
@@ -89,9 +91,9 @@ def check_mla_impl_args(*, alibi_slopes, sliding_window, logits_soft_cap, attn_t
             reasons.append(f"{what} ({value!r}) is not supported")
     if attn_type != "decoder":
         reasons.append(f"attention type {attn_type!r} is not supported (decoder only)")
-    reasons += backend_refusals("ASCEND_MLA", AttentionRequest(
+    reasons += backend_refusals(backend, AttentionRequest(
         head_size=head_size, dtype=torch.float32, kv_cache_dtype=kv_cache_dtype, block_size=None,
         pcp_size=pcp_world_size, dcp_size=dcp_world_size, latent_size=kv_lora_rank + qk_rope_head_dim))
     if reasons:
-        raise AttentionConfigError(f"Ascend attention backend ASCEND_MLA cannot serve this layer: "
+        raise AttentionConfigError(f"Ascend attention backend {backend} cannot serve this layer: "
                                    f"{'; '.join(reasons)}")

