@@ -5,6 +5,8 @@ and small adapters for each known difference. Nothing outside it compares versio
 """
 
 from ascend_core.upstream.errors import SUPPORTED_RANGE, UpstreamContractError
+from ascend_core.upstream.kv_connector import unregister_connector_kv_caches
+from ascend_core.upstream.kv_layout import kv_cache_layouts
 from ascend_core.upstream.kv_page import kv_spec_page_shape, kv_tensor_shares_config_backing
 from ascend_core.upstream.kv_tensor import kv_tensor_cls, kv_tensor_geometry, kv_tensor_layers, make_kv_tensor
 from ascend_core.upstream.lane import Capabilities, Lane, capabilities, detect_capabilities
@@ -38,6 +40,7 @@ __all__ = [
     "default_loader",
     "detect_capabilities",
     "installed_vllm_version",
+    "kv_cache_layouts",
     "kv_spec_page_shape",
     "kv_tensor_cls",
     "kv_tensor_geometry",
@@ -59,6 +62,7 @@ __all__ = [
     "run_probes",
     "speculator_dp_arg",
     "speculator_dp_kwargs",
+    "unregister_connector_kv_caches",
     "upstream_pcp_manager_cls",
     "vllm_version_is",
 ]
