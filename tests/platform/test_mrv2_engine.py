@@ -43,6 +43,8 @@ def test_mrv2_ran_our_allocator_backend_kernels_and_stand_ins(platform_runs):
     assert usage["attention_impls"] == ["AscendAttentionImpl"]
     assert usage["facts"]["allocator"] == "ascend_core.kv.allocator.allocate_kv_caches"
     assert usage["counts"]["allocator.shared"] >= 1 and usage["facts"]["kernel_checks"] is True
+    assert usage["facts"]["kv_cache_layout"] == "LBNHC" and usage["facts"]["attention.ascend.bound_layers"] == 2
+    assert "attention.ascend.seq_lens_read_back" not in ran  # host lengths from vLLM's host copies, once per step
     for op in ("kernels.paged_attention", "kernels.reshape_and_cache", "kernels.rms_norm", "kernels.rotary_embedding",
                # MRV2's per-step Triton kernels, answered by our stand-ins instead of the interpreter
                "mrv2_kernels.prepare_pos_seq_lens", "mrv2_kernels.prepare_prefill_inputs", "mrv2_kernels.post_update",

@@ -33,7 +33,9 @@ def test_our_allocator_backend_and_kernels_did_the_work(platform_runs):
     counts, facts = usage["counts"], usage["facts"]
     assert usage["attention_impls"] == ["AscendAttentionImpl"]  # no vLLM attention impl in the model
     assert counts["allocator.shared"] >= 1 and facts["allocator"] == "ascend_core.kv.allocator.allocate_kv_caches"
-    assert facts["attention.ascend.bound_layers"] == 2  # both layers of the tiny Llama got our K/V views
+    assert facts["attention.ascend.bound_layers"] == 2  # vLLM bound both layers of the tiny Llama to our KV memory
+    assert facts["kv_cache_layout"] == "LBNHC"  # the backend's preferred layout: vLLM resolved it, we allocated it
+    assert "attention.ascend.seq_lens_read_back" not in ran  # host lengths from vLLM's host copies, once per step
     assert facts["kernel_backend"] == "reference" and facts["kernel_checks"] is True  # every call's args checked
     for op in ("kernels.paged_attention", "kernels.reshape_and_cache", "kernels.rms_norm", "kernels.silu_and_mul",
                "kernels.rotary_embedding"):

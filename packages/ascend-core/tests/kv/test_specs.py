@@ -130,3 +130,21 @@ def test_vllms_mla_spec_becomes_ours_with_the_same_page_and_views():
             return [s for s, n in zip(t.stride(), t.shape, strict=True) if n > 1]  # a size-1 axis' stride is moot
 
         assert live(a) == live(b)
+
+
+@pytest.mark.parametrize("order", [(0, 1, 2, 3), (0, 2, 1, 3)])  # LBHNC, LBNHC pages
+def test_attention_views_of_the_layer_tensor_are_the_allocators(order):
+    from ascend_core.kv.errors import KVLayoutError
+    from ascend_core.kv.views import AttentionKV, attention_kv_of, build_layer_kv, vllm_layer_view
+
+    spec = FullAttentionSpec(block_size=16, num_kv_heads=2, head_size=32, dtype=torch.float16)
+    logical = (3, 2, 16, 64 * 2)  # [B, H, N, C bytes]: K then V per state
+    physical = torch.zeros(*(logical[i] for i in order), dtype=torch.int8)
+    byte_view = physical.permute(*(order.index(i) for i in range(4)))
+    from_spec = build_layer_kv(byte_view, spec, "layer.0")
+    from_tensor = attention_kv_of(vllm_layer_view(byte_view, spec), 32)  # what vLLM hands the layer
+    assert isinstance(from_spec, AttentionKV) and from_spec.key.shape == (3, 16, 2, 32)
+    for a, b in ((from_spec.key, from_tensor.key), (from_spec.value, from_tensor.value)):
+        assert (a.shape, a.stride(), a.data_ptr()) == (b.shape, b.stride(), b.data_ptr())
+    with pytest.raises(KVLayoutError, match="cannot hold a key of 64"):
+        attention_kv_of(vllm_layer_view(byte_view, spec), 64)

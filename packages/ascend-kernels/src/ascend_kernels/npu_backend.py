@@ -168,6 +168,8 @@ def paged_attention(
     sliding_window=None,
     sinks=None,
     out=None,
+    query_start_loc_host=None,
+    seq_lens_host=None,
 ):
     if not (_block_contiguous(key_cache) and _block_contiguous(value_cache)):
         return reference.paged_attention(
@@ -182,6 +184,8 @@ def paged_attention(
             sliding_window=sliding_window,
             sinks=sinks,
             out=out,
+            query_start_loc_host=query_start_loc_host,
+            seq_lens_host=seq_lens_host,
         )
     _, bs, hkv, _ = key_cache.shape
     kwargs = {}
@@ -191,7 +195,10 @@ def paged_attention(
         kwargs.update(sparse_mode=_SPARSE_BAND, pre_tokens=sliding_window - 1, next_tokens=0 if causal else 2**31 - 1)
     if sinks is not None:
         kwargs["learnable_sink"] = sinks
-    num_q = int(query_start_loc[-1])
+    # The kernel takes lengths at launch: the caller's host lists (built once per step), else one read-back each.
+    starts = query_start_loc_host if query_start_loc_host is not None else query_start_loc.tolist()
+    kv_lens = seq_lens_host if seq_lens_host is not None else seq_lens.tolist()
+    num_q = starts[-1]
     result, _ = _torch_npu().npu_fused_infer_attention_score_v2(
         query[:num_q],
         _flat_blocks(key_cache),
@@ -202,8 +209,8 @@ def paged_attention(
         softmax_scale=scale,
         block_table=block_table.to(torch.int32),
         block_size=bs,
-        actual_seq_qlen=query_start_loc[1:].tolist(),
-        actual_seq_kvlen=seq_lens.tolist(),
+        actual_seq_qlen=list(starts[1:]),
+        actual_seq_kvlen=list(kv_lens),
         **kwargs,
     )
     if out is None:

@@ -60,6 +60,8 @@ def paged_attention(
     sliding_window: int | None = None,
     sinks: torch.Tensor | None = None,
     out: torch.Tensor | None = None,
+    query_start_loc_host: list[int] | None = None,
+    seq_lens_host: list[int] | None = None,
 ) -> torch.Tensor:
     """Attention of a mixed prefill/decode batch over paged K/V caches (the new tokens' K/V already written).
 
@@ -76,11 +78,17 @@ def paged_attention(
     `scale * q.k`; softmax in float32. `sinks` (float `[num_heads]`, gpt-oss style): per-head logits that join each
     row's softmax denominator only, i.e. weights `exp(s_j) / (sum_j exp(s_j) + exp(sink_h))`.
     Returns `[num_tokens, num_heads, head_size_v]` in query's dtype (written into `out` when given).
+
+    `query_start_loc_host` / `seq_lens_host`: the same values as host lists of ints, when the caller has them (built
+    once per step): a kernel that takes lengths at launch then never reads them back from the device. They must
+    equal the tensors (not checked: that would read the device).
     """
     if _SWITCH.enabled:
         _v.check_paged_attention(
             query, key_cache, value_cache, block_table, query_start_loc, seq_lens, scale, sliding_window, sinks, out
         )
+        _v.host_lengths("paged_attention", "query_start_loc_host", query_start_loc_host, query_start_loc.shape[0])
+        _v.host_lengths("paged_attention", "seq_lens_host", seq_lens_host, seq_lens.shape[0])
     return current_impl().paged_attention(
         query,
         key_cache,
@@ -93,6 +101,8 @@ def paged_attention(
         sliding_window=sliding_window,
         sinks=sinks,
         out=out,
+        query_start_loc_host=query_start_loc_host,
+        seq_lens_host=seq_lens_host,
     )
 
 

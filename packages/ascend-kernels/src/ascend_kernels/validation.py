@@ -84,6 +84,15 @@ def start_offsets(op: str, name: str, t: object, rows: int | None, dev: torch.de
     same_device(op, name, t, dev, expected)
 
 
+def host_lengths(op: str, name: str, value: object, length: int) -> None:
+    """None, or a host list of `length` Python ints (lengths the caller already has on the host)."""
+    if value is None:
+        return
+    if not isinstance(value, (list, tuple)) or len(value) != length or \
+            not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+        fail(op, name, value, f"None or a host list of {length} ints")
+
+
 def check_reshape_and_cache(key, value, key_cache, value_cache, slot_mapping) -> None:
     op = "reshape_and_cache"
     tensor(op, "key", key, 3, "[num_tokens, num_kv_heads, head_size]")

@@ -1,13 +1,14 @@
-"""The MRV2 runner's KV hook on real vLLM parts: planner config, `Attention` layers, our allocator and kernels.
+"""The runners' KV hook on real vLLM parts: planner config, `Attention` layers, our allocator and kernels.
 
-The runner's `_ascend_init_kv_cache` (what the `mrv2.init_kv_cache` patch swaps in) must bind each layer's vLLM
-view and hand our impl key/value views of the same bytes; the V1 path shares `kv_binding` and runs end to end in
-tests/platform.
+The MRV2 runner's `_ascend_init_kv_cache` (what the `mrv2.init_kv_cache` patch swaps in) lets vLLM bind our
+allocator's tensors to its layers; the attention impl reads the `kv_cache` vLLM hands it at each call and holds no
+KV memory of its own. The V1 path shares `kv_binding` and runs end to end in tests/platform.
 """
 
 from __future__ import annotations
 
 import os
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -21,15 +22,15 @@ def tiny_model(tmp_path_factory):
     return cached_tiny_llama(cache_dir=f"{cache}/models" if cache else tmp_path_factory.mktemp("models"))
 
 
-@pytest.fixture
-def vllm_config(tiny_model, monkeypatch):
+@pytest.fixture(params=["LBNHC", "LBHNC"])
+def vllm_config(request, tiny_model, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     saved = dict(os.environ)
     from vllm.engine.arg_utils import EngineArgs
 
     cfg = EngineArgs(model=str(tiny_model), dtype="float32", max_model_len=256, max_num_seqs=4, block_size=32,
                      enforce_eager=True, kv_cache_memory_bytes=1 << 22).create_engine_config()
-    cfg.cache_config.kv_cache_layout = "LBHNC"
+    cfg.cache_config.kv_cache_layout = request.param  # each layout the backend declares
     yield cfg
     os.environ.clear()
     os.environ.update(saved)
@@ -54,40 +55,93 @@ def _layers_and_config(cfg):
     return layers, kv_config
 
 
-def test_mrv2_hook_binds_vllm_views_and_our_views_of_the_same_bytes(vllm_config):
-    from ascend_platform import usage
-    from ascend_platform.facade import kernel_ops
+def _bind(cfg):
     from ascend_platform.worker.model_runner_v2 import AscendRunnerV2Mixin
 
-    layers, kv_config = _layers_and_config(vllm_config)
-    forward_context = vllm_config.compilation_config.static_forward_context
+    layers, kv_config = _layers_and_config(cfg)
+    forward_context = cfg.compilation_config.static_forward_context
     runner = AscendRunnerV2Mixin()
-    caches = runner._ascend_init_kv_cache(forward_context, kv_config, torch.device("cpu"), [32, 32], vllm_config)
+    caches = runner._ascend_init_kv_cache(forward_context, kv_config, torch.device("cpu"), [32, 32], cfg)
+    return runner, layers, kv_config, caches
 
+
+def _write(layer, key, value, slots):
+    """One cache write the way vLLM's attention layer makes it: the impl gets the layer's bound `kv_cache`."""
+    layer.impl.do_kv_cache_update(layer, key, value, layer.kv_cache, slots)
+
+
+def test_layers_are_bound_to_our_allocator_and_the_impl_writes_there(vllm_config):
+    from ascend_core.kv.views import AttentionKV, attention_kv_of
+    from ascend_platform import usage
+
+    runner, layers, kv_config, caches = _bind(vllm_config)
     assert set(caches) == set(layers) and usage.snapshot()["facts"]["allocator"].startswith("ascend_core.kv")
+    assert usage.snapshot()["facts"]["attention.ascend.bound_layers"] == 2
+    ours = {s.tensor.untyped_storage().data_ptr() for s in runner.ascend_kv.storages}
     first, second = layers.values()
-    assert first.kv_cache is caches[first.layer_name] and first.impl.kv is not None
-    key_cache = first.impl.kv.key
-    assert key_cache.shape == (kv_config.num_blocks, 32, 2, 32)
+    assert first.kv_cache is caches[first.layer_name] and first.kv_cache.untyped_storage().data_ptr() in ours
+    assert not any(isinstance(v, AttentionKV | torch.Tensor) for v in vars(first.impl).values())  # no 2nd binding
+    kv = attention_kv_of(first.kv_cache, 32)
+    typed = runner.ascend_kv.layers[first.layer_name]  # the allocator's own typed views: the same bytes
+    for mine, its in ((kv.key, typed.key), (kv.value, typed.value)):
+        assert (mine.data_ptr(), mine.shape, mine.stride()) == (its.data_ptr(), its.shape, its.stride())
+    assert kv.key.shape == (kv_config.num_blocks, 32, 2, 32)
 
-    # A cache write through the kernel facade lands in the bytes vLLM's view of the layer covers, and only there.
+    # A cache write through the impl lands in the bytes vLLM's view of the layer covers, and only there.
     key = torch.randn(3, 2, 32)
-    kernel_ops().reshape_and_cache(key, key.clone(), key_cache, first.impl.kv.value, torch.tensor([0, 33, 65]))
-    assert torch.equal(key_cache[1, 1], key[1]) and torch.equal(key_cache[2, 1], key[2])
+    _write(first, key, -key, torch.tensor([0, 33, 65]))
+    assert torch.equal(kv.key[1, 1], key[1]) and torch.equal(kv.value[2, 1], -key[2])
     assert first.kv_cache.abs().sum() > 0 and second.kv_cache.abs().sum() == 0
-    assert second.impl.kv.key.abs().sum() == 0
 
 
-def test_release_unbinds_every_layer(vllm_config):
-    from ascend_platform.worker.kv_binding import unbind_ascend_impls
-    from ascend_platform.worker.model_runner_v2 import AscendRunnerV2Mixin
+def test_the_layer_tensor_is_what_the_backend_declares(vllm_config):
+    from vllm.v1.kv_cache_layout import KVCacheLayout
 
-    layers, kv_config = _layers_and_config(vllm_config)
+    from ascend_platform.attention.backend import AscendAttentionBackend as Backend
+
+    layouts = Backend.supported_kv_cache_layouts()
+    assert layouts == (KVCacheLayout.LBNHC, KVCacheLayout.LBHNC)
+    layout = KVCacheLayout[vllm_config.cache_config.kv_cache_layout]
+    _, layers, kv_config, _ = _bind(vllm_config)
+    kv_cache = next(iter(layers.values())).kv_cache
+    assert kv_cache.shape == Backend.get_kv_cache_shape(kv_config.num_blocks, 32, 2, 32)
+    # The physical order of the layer's axes is the layout's (strides fall along it; a padded page may widen them).
+    strides = [kv_cache.stride(axis) for axis in layout.layer_view_order]
+    assert strides == sorted(strides, reverse=True) and strides[-1] == 1
+    if layout is KVCacheLayout.LBNHC:
+        assert Backend.get_kv_cache_stride_order() == layout.layer_view_order
+        assert Backend.get_kv_cache_stride_order(include_num_layers_dimension=True) == layout.stride_order
+
+
+def test_release_and_reallocation_rebind_the_impl_to_the_new_memory(vllm_config):
+    from ascend_core.kv.views import attention_kv_of
+    from ascend_platform.worker import kv_binding
+
+    runner, layers, kv_config, _ = _bind(vllm_config)
+    first = next(iter(layers.values()))
     forward_context = vllm_config.compilation_config.static_forward_context
-    AscendRunnerV2Mixin()._ascend_init_kv_cache(forward_context, kv_config, torch.device("cpu"), [32, 32],
-                                               vllm_config)
-    unbind_ascend_impls(forward_context)
-    assert all(layer.impl.kv is None and layer.kv_cache.numel() == 0 for layer in layers.values())
+    kv_binding.detach_layer_kv(forward_context)
+    runner.ascend_kv = None
+    assert all(layer.kv_cache.numel() == 0 for layer in layers.values())
+    with pytest.raises(RuntimeError, match="was handed no KV cache"):
+        _write(first, torch.randn(1, 2, 32), torch.randn(1, 2, 32), torch.tensor([0]))
+
+    runner._ascend_init_kv_cache(forward_context, kv_config, torch.device("cpu"), [32, 32], vllm_config)
+    assert first.kv_cache.numel() > 0
+    key = torch.randn(1, 2, 32)
+    _write(first, key, key, torch.tensor([40]))
+    assert torch.equal(attention_kv_of(first.kv_cache, 32).key[1, 8], key[0])  # the write went to the new tensor
+    assert runner.ascend_kv.layers[first.layer_name].key[1, 8].equal(key[0])  # ... which the new allocation owns
+
+
+def test_a_layer_bound_to_foreign_memory_is_refused(vllm_config):
+    from ascend_platform.worker import kv_binding
+
+    runner, layers, _, _ = _bind(vllm_config)
+    first = next(iter(layers.values()))
+    first.kv_cache = first.kv_cache.clone()  # vLLM's own allocation, say: not the Ascend allocator's memory
+    with pytest.raises(RuntimeError, match=first.layer_name):
+        kv_binding.count_ascend_layers_on(runner.ascend_kv, vllm_config.compilation_config.static_forward_context)
 
 
 def test_kernel_block_split_is_refused(vllm_config):
@@ -97,3 +151,10 @@ def test_kernel_block_split_is_refused(vllm_config):
     with pytest.raises(ValueError, match="kernel block size 16 for block size 32"):
         AscendRunnerV2Mixin()._ascend_init_kv_cache(
             vllm_config.compilation_config.static_forward_context, kv_config, torch.device("cpu"), [16], vllm_config)
+
+
+@pytest.mark.parametrize(("model_type", "modules"), [("longcat_flash", 2), ("llama", 1)])
+def test_attention_modules_per_layer(model_type, modules):
+    from ascend_platform.worker.kv_binding import attention_modules_per_layer
+
+    assert attention_modules_per_layer(SimpleNamespace(hf_config=SimpleNamespace(model_type=model_type))) == modules

@@ -116,6 +116,16 @@ def build_layer_kv(byte_view: torch.Tensor, spec: Any, layer: str) -> LayerKV:
                        _part(byte_view, key_bytes, head_v * size, dtype, layer))
 
 
+def attention_kv_of(kv_cache: torch.Tensor, head_size: int) -> AttentionKV:
+    """The K and V views of the KV tensor vLLM hands a standard attention layer (`[num_blocks, num_kv_heads,
+    block_size, C]` in the cache dtype, any stride order: our allocator's view of the layer's pages), the same views
+    `build_layer_kv` cuts: each state holds `head_size` key elements, then the value."""
+    if kv_cache.dim() != 4 or not 0 < head_size < kv_cache.shape[-1]:
+        raise KVLayoutError(f"attention KV tensor of shape {tuple(kv_cache.shape)} cannot hold a key of {head_size} "
+                            f"elements and a value per state ([num_blocks, num_kv_heads, block_size, C] expected)")
+    return AttentionKV(kv_cache[..., :head_size].permute(0, 2, 1, 3), kv_cache[..., head_size:].permute(0, 2, 1, 3))
+
+
 def mla_kv_of(kv_cache: torch.Tensor, kv_lora_rank: int) -> MLAKV:
     """The latent and rope views of the KV tensor vLLM hands an MLA layer (`[num_blocks, block_size, C]`, or the
     allocator's `[num_blocks, 1, block_size, C]`), the same views `build_layer_kv` cuts for an MLA spec: each state

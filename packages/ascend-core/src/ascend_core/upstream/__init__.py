@@ -12,6 +12,8 @@ from ascend_core.upstream.connector import (
     transfer_results,
 )
 from ascend_core.upstream.errors import ENGINE_TESTED, STATIC_ONLY, SUPPORTED_RANGE, UpstreamContractError
+from ascend_core.upstream.kv_connector import unregister_connector_kv_caches
+from ascend_core.upstream.kv_layout import kv_cache_layouts
 from ascend_core.upstream.kv_page import kv_spec_page_shape, kv_tensor_shares_config_backing
 from ascend_core.upstream.kv_tensor import kv_tensor_cls, kv_tensor_geometry, kv_tensor_layers, make_kv_tensor
 from ascend_core.upstream.lane import Capabilities, Lane, capabilities, detect_capabilities
@@ -53,6 +55,7 @@ __all__ = [
     "detect_capabilities",
     "dflash2_unavailable_reason",
     "installed_vllm_version",
+    "kv_cache_layouts",
     "kv_config_layout",
     "kv_spec_page_shape",
     "kv_tensor_cls",
@@ -81,6 +84,7 @@ __all__ = [
     "speculator_dp_kwargs",
     "support_level",
     "transfer_results",
+    "unregister_connector_kv_caches",
     "upstream_pcp_manager_cls",
     "vllm_version_is",
 ]

@@ -227,6 +227,8 @@ def paged_attention(
     sliding_window=None,
     sinks=None,
     out=None,
+    query_start_loc_host=None,
+    seq_lens_host=None,
 ):
     t, hq, d = query.shape
     _, bs, hkv, _ = key_cache.shape
@@ -238,8 +240,9 @@ def paged_attention(
     if r == 0 or t == 0:
         out.zero_()
         return out
-    starts = query_start_loc.tolist()  # host-side schedule; the reference backend may sync
-    lens = seq_lens.tolist()
+    # host-side schedule: the caller's host lists when given, else read back (the reference backend may sync)
+    starts = query_start_loc_host if query_start_loc_host is not None else query_start_loc.tolist()
+    lens = seq_lens_host if seq_lens_host is not None else seq_lens.tolist()
     if starts[-1] < t:
         out[starts[-1] :].zero_()
     qlens = [starts[i + 1] - starts[i] for i in range(r)]

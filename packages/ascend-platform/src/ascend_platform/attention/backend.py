@@ -1,8 +1,16 @@
 """The Ascend attention backend for standard (non-MLA) decoder attention, built on `ascend_kernels`.
 
 vLLM's attention layer calls `do_kv_cache_update` (write this step's keys and values into the paged cache) and then
-`forward` (paged attention over each request's context). The per-layer key and value caches are the
-`AttentionKV` views our allocator made; the runner hands them to each impl with `bind_ascend_kv`.
+`forward` (paged attention over each request's context), handing both the layer's `kv_cache`: the tensor vLLM bound
+to the layer, which our allocator built (`ascend_core.kv.allocate_kv_caches`). The backend declares that tensor:
+`[num_blocks, num_kv_heads, block_size, 2 * head_size]` (per state the key, then the value), laid out block by block
+with a block's states outermost (`supported_kv_cache_layouts`: LBNHC, or LBHNC when a KV connector asks for it; on a
+release without layouts, the same as `get_kv_cache_shape` / `get_kv_cache_stride_order`). The impl cuts its key and
+value views from it at each call (`ascend_core.kv.views.attention_kv_of`) and holds no KV memory of its own, so after
+sleep and wake-up it reads the re-allocated tensor vLLM re-bound to the layer.
+
+The metadata builder turns the step's lengths into host lists once per step (`query_start_loc_host`,
+`seq_lens_host`), so kernels that need lengths on the host never read them back from the device per layer.
 
 Prefill context parallel (PCP): the impl declares it (`supports_pcp`), all-gathers each step's K/V across the PCP
 group into every rank's KV replica, and attends prefill chunks in parts merged by log-sum-exp
@@ -26,12 +34,17 @@ from vllm.v1.attention.backend import (
     MultipleOf,
 )
 
+from ascend_core.kv.views import attention_kv_of
 from ascend_platform import usage
 from ascend_platform.facade import kernel_ops
 from ascend_platform.pcp import attention as pcp_attention
 from ascend_platform.pcp.layout import PCPAttentionLayout
 
 logger = init_logger(__name__)
+
+# Layouts the impl reads, most preferred first: a block's states outermost ([block_size, num_kv_heads, C] per block,
+# the order of torch_npu's paged caches); LBHNC is what our KV connectors ask for (a run of blocks is one transfer).
+KV_CACHE_LAYOUTS = ("LBNHC", "LBHNC")
 
 
 class AscendAttentionBackend(AttentionBackend):
@@ -67,6 +80,23 @@ class AscendAttentionBackend(AttentionBackend):
     def supports_attn_type(cls, attn_type: str) -> bool:
         return attn_type == AttentionType.DECODER
 
+    @classmethod
+    def supported_kv_cache_layouts(cls) -> tuple | None:
+        from ascend_core.upstream import kv_cache_layouts
+
+        return kv_cache_layouts(KV_CACHE_LAYOUTS)
+
+    @staticmethod
+    def get_kv_cache_shape(num_blocks: int, block_size: int, num_kv_heads: int, head_size: int,
+                           cache_dtype_str: str = "auto") -> tuple[int, ...]:
+        """The logical shape of a layer's KV tensor: each state packs its key, then its value."""
+        return (num_blocks, num_kv_heads, block_size, 2 * head_size)
+
+    @staticmethod
+    def get_kv_cache_stride_order(include_num_layers_dimension: bool = False) -> tuple[int, ...]:
+        """Physical order of the logical axes (LBNHC, the preferred layout): block, state, head, content."""
+        return (0, 1, 3, 2, 4) if include_num_layers_dimension else (0, 2, 1, 3)
+
 
 @dataclass
 class AscendAttentionMetadata:
@@ -78,12 +108,33 @@ class AscendAttentionMetadata:
     slot_mapping: torch.Tensor
     causal: bool = True
     pcp: PCPAttentionLayout | None = None  # this rank's prefill chunks under PCP (None: every row reads the cache)
+    # query_start_loc / seq_lens on the host, built once per step; None where a graph replays this metadata with
+    # other lengths (kernels then read the tensors)
+    query_start_loc_host: list[int] | None = None
+    seq_lens_host: list[int] | None = None
+
+
+def step_host_lengths(m: CommonAttentionMetadata, *, seq_lens_exact: bool) -> tuple[list[int], list[int]]:
+    """The step's query start offsets and context lengths as host lists, once per step for every layer.
+
+    The offsets come from vLLM's host copy. Its host `seq_lens_cpu_upper_bound` is exact outside speculative decoding
+    (optional: read with getattr); otherwise the device lengths are read back here, once per step, not per layer.
+    """
+    n = m.num_reqs
+    query_start_loc = m.query_start_loc_cpu[: n + 1].tolist()
+    upper = getattr(m, "seq_lens_cpu_upper_bound", None)
+    if seq_lens_exact and upper is not None:
+        return query_start_loc, upper[:n].tolist()
+    usage.count("attention.ascend.seq_lens_read_back")
+    return query_start_loc, m.seq_lens[:n].tolist()
 
 
 class AscendAttentionMetadataBuilder(AttentionMetadataBuilder[AscendAttentionMetadata]):
     def __init__(self, kv_cache_spec, layer_names: list[str], vllm_config, device: torch.device) -> None:
         super().__init__(kv_cache_spec, layer_names, vllm_config, device)
         self._pcp_manager: Any = None
+        # vLLM's host copy of seq_lens is exact unless speculative decoding runs ahead of it
+        self._host_seq_lens_exact = vllm_config.speculative_config is None
 
     @classmethod
     def get_cudagraph_support(cls, vllm_config: Any, kv_cache_spec: Any) -> Any:
@@ -100,6 +151,7 @@ class AscendAttentionMetadataBuilder(AttentionMetadataBuilder[AscendAttentionMet
         m = common_attn_metadata
         if isinstance(m.causal, torch.Tensor):
             raise NotImplementedError("ASCEND attention does not support per-token (dynamic) causality")
+        query_start_loc_host, seq_lens_host = step_host_lengths(m, seq_lens_exact=self._host_seq_lens_exact)
         return AscendAttentionMetadata(
             num_actual_tokens=m.num_actual_tokens,
             max_query_len=m.max_query_len,
@@ -109,7 +161,15 @@ class AscendAttentionMetadataBuilder(AttentionMetadataBuilder[AscendAttentionMet
             slot_mapping=m.slot_mapping,
             causal=bool(m.causal),
             pcp=self._pcp_manager.attention_layout if self._pcp_manager is not None else None,
+            query_start_loc_host=query_start_loc_host,
+            seq_lens_host=seq_lens_host,
         )
+
+    def build_for_cudagraph_capture(self, common_attn_metadata: CommonAttentionMetadata) -> AscendAttentionMetadata:
+        """A captured graph replays this metadata with each step's lengths in the persistent tensors: no host lists."""
+        metadata = super().build_for_cudagraph_capture(common_attn_metadata)
+        metadata.query_start_loc_host = metadata.seq_lens_host = None
+        return metadata
 
 
 class AscendAttentionImpl(AttentionImpl[AscendAttentionMetadata]):
@@ -130,20 +190,19 @@ class AscendAttentionImpl(AttentionImpl[AscendAttentionMetadata]):
         self.attn_type = attn_type
         self.kv_sharing_target_layer_name = kv_sharing_target_layer_name
         self.sinks = sinks
-        self.kv = None  # AttentionKV from our allocator, set by the runner
         self._pcp_kv: torch.Tensor | None = None  # this step's K/V gathered from every PCP rank (this layer)
 
-    def bind_ascend_kv(self, kv) -> None:
-        self.kv = kv
-
-    def _caches(self, layer_name: str):
-        if self.kv is None:
-            raise RuntimeError(f"ASCEND attention layer {layer_name!r} has no KV cache bound by the Ascend runner")
-        return self.kv.key, self.kv.value
+    def _caches(self, layer, kv_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Key and value views of the layer's KV tensor (views only: no KV memory is held past the call)."""
+        if kv_cache.numel() == 0:
+            raise RuntimeError(f"ASCEND attention layer {getattr(layer, 'layer_name', '?')!r} was handed no KV cache "
+                               f"(shape {tuple(kv_cache.shape)}): the runner has not bound one, or it is asleep")
+        kv = attention_kv_of(kv_cache, self.head_size)
+        return kv.key, kv.value
 
     def do_kv_cache_update(self, layer, key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor,
                            slot_mapping: torch.Tensor) -> None:
-        key_cache, value_cache = self._caches(getattr(layer, "layer_name", "?"))
+        key_cache, value_cache = self._caches(layer, kv_cache)
         if self.pcp_world_size > 1 and slot_mapping.shape[0] > key.shape[0]:
             # A partitioned step: the slot mapping covers every rank's tokens, which each rank's replica holds.
             self._pcp_kv = pcp_attention.all_gather_kv(key, value)
@@ -161,7 +220,7 @@ class AscendAttentionImpl(AttentionImpl[AscendAttentionMetadata]):
         if attn_metadata is None:  # profiling / dummy run without a KV cache
             return output
         n = attn_metadata.num_actual_tokens
-        key_cache, value_cache = self._caches(getattr(layer, "layer_name", "?"))
+        key_cache, value_cache = self._caches(layer, kv_cache)
         gathered, self._pcp_kv = self._pcp_kv, None
         if attn_metadata.pcp is not None and gathered is not None:
             return self._forward_pcp(query, key_cache, value_cache, attn_metadata, gathered, output)
@@ -169,7 +228,8 @@ class AscendAttentionImpl(AttentionImpl[AscendAttentionMetadata]):
             kernel_ops().paged_attention(
                 query[:n], key_cache, value_cache, attn_metadata.block_table, attn_metadata.query_start_loc,
                 attn_metadata.seq_lens, scale=self.scale, causal=attn_metadata.causal,
-                sliding_window=self.sliding_window, sinks=self.sinks, out=output[:n])
+                sliding_window=self.sliding_window, sinks=self.sinks, out=output[:n],
+                query_start_loc_host=attn_metadata.query_start_loc_host, seq_lens_host=attn_metadata.seq_lens_host)
         usage.count("attention.ascend.forward")
         return output
 

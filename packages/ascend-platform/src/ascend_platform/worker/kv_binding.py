@@ -1,10 +1,11 @@
-"""Allocate the KV cache with our allocator and bind it into vLLM's layers and our attention impls.
+"""Allocate the KV cache with our allocator and hand it to vLLM, the one binding every layer reads.
 
-Both runners end up here: V1 from `initialize_kv_cache_tensors`, MRV2 through the `mrv2.init_kv_cache` patch. vLLM's
-layers get the raw per-layer tensors (`as_vllm_kv_caches()`, what KV connectors register); our attention impls get
-the typed key/value views. Sleep mode frees the KV cache and wake-up allocates a new one at other addresses (vLLM's
-own sleep keeps them): the KV connector drops its registrations before the release and registers the new tensors
-after the re-allocation, or its transfers would touch freed memory.
+Both runners end up here: V1 from `initialize_kv_cache_tensors`, MRV2 through the `mrv2.init_kv_cache` patch. vLLM
+binds our allocator's per-layer tensors (`as_vllm_kv_caches()`, laid out in the layout the attention backends
+declared) to its layers, hands each layer's tensor to its attention impl at every call and gives the same tensors to
+KV connectors; no impl keeps KV memory of its own. Sleep mode frees the KV cache and wake-up allocates a new one at
+other addresses (vLLM's own sleep keeps them): the KV connector drops its registrations before the release and
+registers the new tensors after the re-allocation, or its transfers would touch freed memory.
 """
 
 from __future__ import annotations
@@ -34,6 +35,12 @@ def kv_mode_for(vllm_config: Any) -> str:
     return "private" if NPUPlatform.chip(ascend) == "310P" else "shared"
 
 
+def attention_modules_per_layer(model_config: Any) -> int:
+    """How many attention modules share one decoder layer index (vLLM's `num_attn_module` for `bind_kv_cache`):
+    LongCat-Flash runs two attention modules per decoder layer, every other model one."""
+    return 2 if model_config.hf_config.model_type == "longcat_flash" else 1
+
+
 def _check_kernel_blocks(kv_cache_config: Any, kernel_block_sizes: list[int] | None) -> None:
     for gid, group in enumerate(kv_cache_config.kv_cache_groups):
         if kernel_block_sizes and gid < len(kernel_block_sizes):
@@ -45,17 +52,18 @@ def _check_kernel_blocks(kv_cache_config: Any, kernel_block_sizes: list[int] | N
 
 def allocate(kv_cache_config: Any, vllm_config: Any, device: torch.device, kernel_block_sizes: list[int] | None,
              allocation_context: AbstractContextManager | None = None) -> Any:
-    """Our allocator's `KVCacheAllocation` for `kv_cache_config`."""
+    """Our allocator's `KVCacheAllocation` for `kv_cache_config`, in the layout vLLM resolved from the backends'."""
     _check_kernel_blocks(kv_cache_config, kernel_block_sizes)
     mode = kv_mode_for(vllm_config)
     kv_transfer = vllm_config.kv_transfer_config is not None
+    layout = resolved_kv_cache_layout(vllm_config.cache_config)
     with allocation_context or nullcontext():
-        allocation = kv_allocator()(kv_cache_config, device=device,
-                                    layout=resolved_kv_cache_layout(vllm_config.cache_config),
-                                    mode=mode, kv_transfer=kv_transfer, kernel_block_sizes=kernel_block_sizes)
+        allocation = kv_allocator()(kv_cache_config, device=device, layout=layout, mode=mode,
+                                    kv_transfer=kv_transfer, kernel_block_sizes=kernel_block_sizes)
     usage.count(f"allocator.{mode}")
     usage.note("allocator", f"{kv_allocator().__module__}.{kv_allocator().__name__}")
     usage.note("kv_mode", mode)
+    usage.note("kv_cache_layout", getattr(layout, "name", str(layout)))
     return allocation
 
 
@@ -66,42 +74,44 @@ def vllm_views(allocation: Any, shared_layers: Mapping[str, str]) -> dict[str, t
     return views
 
 
-def bind_ascend_impls(allocation: Any, forward_context: Mapping[str, Any], shared_layers: Mapping[str, str]) -> int:
-    """Hand each Ascend attention impl its key/value views; returns how many impls were bound."""
+def count_ascend_layers_on(allocation: Any, forward_context: Mapping[str, Any]) -> int:
+    """After vLLM bound the KV tensors: how many Ascend attention layers will be handed our allocator's memory.
+
+    `layer.kv_cache` is what vLLM passes the impl at each call; an Ascend layer bound to anything else (or to
+    nothing) would attend over memory our allocator does not own, so it is an error here, not a wrong token later.
+    """
+    ours = {s.tensor.untyped_storage().data_ptr() for s in allocation.storages}
     bound = 0
     for name, layer in forward_context.items():
-        impl = getattr(layer, "impl", None)
-        if not isinstance(impl, AscendAttentionImpl):
+        if not isinstance(getattr(layer, "impl", None), AscendAttentionImpl):
             continue
-        source = shared_layers.get(name, name)
-        if source not in allocation.layers:
-            raise KeyError(f"Ascend attention layer {name!r} has no KV cache in the allocation "
-                           f"(allocated: {sorted(allocation.layers)[:8]}...)")
-        impl.bind_ascend_kv(allocation.layers[source])
+        kv_cache = getattr(layer, "kv_cache", None)
+        if not isinstance(kv_cache, torch.Tensor) or kv_cache.numel() == 0 or \
+                kv_cache.untyped_storage().data_ptr() not in ours:
+            raise RuntimeError(f"Ascend attention layer {name!r} is not bound to the Ascend allocator's KV cache "
+                               f"(its kv_cache: {type(kv_cache).__name__} "
+                               f"{tuple(kv_cache.shape) if isinstance(kv_cache, torch.Tensor) else ''})")
         bound += 1
     usage.count("attention.ascend.bound_layers", bound)
     usage.note("attention.ascend.bound_layers", bound)  # this engine's binding (counts add up over a process)
     return bound
 
 
-def unbind_ascend_impls(forward_context: Mapping[str, Any]) -> None:
+def detach_layer_kv(forward_context: Mapping[str, Any]) -> None:
+    """Drop every layer's reference to the KV memory about to be freed (the runner drops its own)."""
     for layer in forward_context.values():
-        impl = getattr(layer, "impl", None)
-        if isinstance(impl, AscendAttentionImpl):
-            impl.bind_ascend_kv(None)
-        if hasattr(layer, "kv_cache") and isinstance(layer.kv_cache, torch.Tensor):
+        if isinstance(getattr(layer, "kv_cache", None), torch.Tensor):
             layer.kv_cache = torch.tensor([])
 
 
 def connector_release_kv() -> None:
-    """Before the KV memory is freed: the KV connector drops its registrations (vLLM 0.33's sleep hook
-    `unregister_kv_caches`; a connector without it, e.g. on an older vLLM, has nothing to drop here)."""
+    """Before the KV memory is freed: the KV connector, if any, drops its registrations."""
     from vllm.distributed.kv_transfer import get_kv_transfer_group, has_kv_transfer_group
 
-    if has_kv_transfer_group():
-        unregister = getattr(get_kv_transfer_group(), "unregister_kv_caches", None)
-        if unregister is not None:
-            unregister()
+    from ascend_core.upstream import unregister_connector_kv_caches
+
+    if has_kv_transfer_group() and unregister_connector_kv_caches(get_kv_transfer_group()):
+        usage.count("kv_connector.unregistered")
 
 
 def connector_register_kv(kv_caches: Mapping[str, torch.Tensor]) -> None:

@@ -1,9 +1,9 @@
-"""The V1 model runner of the Ascend platform: vLLM's runner with our KV allocation and binding.
+"""The V1 model runner of the Ascend platform: vLLM's runner with our KV allocation.
 
-`AscendRunnerV1Mixin` only replaces `initialize_kv_cache_tensors` (allocate with our allocator, bind vLLM's layers
-and our attention impls) and adds `release_kv_cache`/`reallocate_kv_cache` for sleep mode. The simulated lane
-puts it on vLLM's CPU runner (its host/device buffer handling is exactly what a CPU device needs); a device uses
-vLLM's GPU runner.
+`AscendRunnerV1Mixin` only replaces `initialize_kv_cache_tensors` (allocate with our allocator, bind its tensors to
+vLLM's layers, which hand them to the attention impls) and adds `release_kv_cache`/`reallocate_kv_cache` for sleep
+mode. The simulated lane puts it on vLLM's CPU runner (its host/device buffer handling is exactly what a CPU device
+needs); a device uses vLLM's GPU runner.
 """
 
 from __future__ import annotations
@@ -32,15 +32,16 @@ class AscendRunnerV1Mixin:
                                              kv_cache_allocation_context)
         shared = dict(self.shared_kv_cache_layers)
         kv_caches = kv_binding.vllm_views(self.ascend_kv, shared)
-        num_attn_module = 2 if self.model_config.hf_config.model_type == "longcat_flash" else 1
-        bind_kv_cache(kv_caches, self.compilation_config.static_forward_context, self.kv_caches, num_attn_module,
+        forward_context = self.compilation_config.static_forward_context
+        bind_kv_cache(kv_caches, forward_context, self.kv_caches,
+                      kv_binding.attention_modules_per_layer(self.model_config),
                       **bind_kv_cache_kwargs(kv_cache_config.kv_cache_groups))
-        kv_binding.bind_ascend_impls(self.ascend_kv, self.compilation_config.static_forward_context, shared)
+        kv_binding.count_ascend_layers_on(self.ascend_kv, forward_context)
         return kv_caches
 
     def release_kv_cache(self) -> None:
         kv_binding.connector_release_kv()
-        kv_binding.unbind_ascend_impls(self.compilation_config.static_forward_context)
+        kv_binding.detach_layer_kv(self.compilation_config.static_forward_context)
         self.kv_caches.clear()
         self.ascend_kv = None
 

@@ -1,4 +1,4 @@
-"""The Model Runner V2 of the Ascend platform: vLLM's MRV2 with our KV allocation and binding.
+"""The Model Runner V2 of the Ascend platform: vLLM's MRV2 with our KV allocation.
 
 MRV2 allocates inside `initialize_kv_cache` through a module-level `init_kv_cache` and has no hook for it, so our
 runner swaps in `_ascend_init_kv_cache` for the duration of that call via the registered patch
@@ -71,15 +71,15 @@ class AscendRunnerV2Mixin:
     def _bind(self, forward_context: dict[str, Any], kv_cache_config: Any, vllm_config: Any) -> dict[str, Any]:
         shared = get_shared_kv_cache_layers(vllm_config)
         kv_caches = kv_binding.vllm_views(self.ascend_kv, shared)
-        num_attn_module = 2 if vllm_config.model_config.hf_config.model_type == "longcat_flash" else 1
         bind_kv_cache_to_layers({n: c for n, c in kv_caches.items() if n in forward_context}, forward_context,
-                                num_attn_module, kv_cache_groups=kv_cache_config.kv_cache_groups)
-        kv_binding.bind_ascend_impls(self.ascend_kv, forward_context, shared)
+                                kv_binding.attention_modules_per_layer(vllm_config.model_config),
+                                kv_cache_groups=kv_cache_config.kv_cache_groups)
+        kv_binding.count_ascend_layers_on(self.ascend_kv, forward_context)
         return kv_caches
 
     def release_kv_cache(self) -> None:
         kv_binding.connector_release_kv()
-        kv_binding.unbind_ascend_impls(self.compilation_config.static_forward_context)
+        kv_binding.detach_layer_kv(self.compilation_config.static_forward_context)
         self.kv_caches = []
         self.ascend_kv = None
 

@@ -23,7 +23,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from ascend_testkit.models.drafts import _done, _load, _save, perturbed
+from ascend_testkit.models.checkpoint_cache import is_built
+from ascend_testkit.models.drafts import _load, _save, perturbed
 
 MTP_LAYER = "model.mtp_layers.0."
 _DECODER_PARTS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj",
@@ -44,7 +45,7 @@ def mimo_mtp_target(base: str | os.PathLike, out: str | os.PathLike, *, mtp: str
     if mtp not in ("copy", "random"):
         raise ValueError(f"mtp must be 'copy' or 'random', got {mtp!r}")
     base, folder = Path(base), Path(out)
-    if _done(folder):
+    if is_built(folder):
         return folder
     llama, w = _load(base)
     hidden, heads = int(llama["hidden_size"]), int(llama["num_attention_heads"])

@@ -27,7 +27,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from ascend_testkit.models.drafts import _done, _load, _num_layers, _save, perturbed
+from ascend_testkit.models.checkpoint_cache import is_built
+from ascend_testkit.models.drafts import _load, _num_layers, _save, perturbed
 
 MASK_TOKEN_ID = 0
 CONV_TAPS, CONV_GROUP = 2, 16
@@ -39,7 +40,7 @@ def bigram_target(base: str | os.PathLike, out: str | os.PathLike | None = None)
 
     base = Path(base)
     folder = Path(out) if out else base.with_name(base.name + "-bigram")
-    if _done(folder):
+    if is_built(folder):
         return folder
     config, w = _load(base)
     for key in list(w):
@@ -120,7 +121,7 @@ def dflash2_draft(target: str | os.PathLike, out: str | os.PathLike, *, self_dra
     import torch
 
     target, folder = Path(target), Path(out)
-    if _done(folder):
+    if is_built(folder):
         return folder
     tconfig, tw = _load(target)
     hidden, vocab = int(tconfig["hidden_size"]), int(tconfig["vocab_size"])
@@ -158,7 +159,7 @@ def dspark_draft(target: str | os.PathLike, out: str | os.PathLike, *, self_draf
     import torch
 
     target, folder = Path(target), Path(out)
-    if _done(folder):
+    if is_built(folder):
         return folder
     tconfig, tw = _load(target)
     hidden, vocab = int(tconfig["hidden_size"]), int(tconfig["vocab_size"])

@@ -1,0 +1,109 @@
+"""Lengths on the host: with the caller's host lists, attention never reads lengths back from the device.
+
+torch_npu is faked behind the facade (a module standing in for it records what the kernel was launched with);
+the length tensors stand for device tensors: reading one back to the host (`tolist`, `int`, `item`) fails the test.
+"""
+
+from __future__ import annotations
+
+import sys
+import types
+
+import pytest
+import torch
+
+import ascend_kernels
+from ascend_kernels import npu_backend, npu_probe, ops, registry
+
+
+class DeviceLengths(torch.Tensor):
+    """A length tensor as if on a device: any read-back to the host raises."""
+
+    def _read_back(self, *args, **kwargs):
+        raise AssertionError("lengths were read back from the device")
+
+    tolist = item = cpu = numpy = __int__ = __index__ = __float__ = __bool__ = _read_back
+
+
+def _device(values) -> torch.Tensor:
+    return torch.tensor(values, dtype=torch.int32).as_subclass(DeviceLengths)
+
+
+@pytest.fixture
+def fake_npu(monkeypatch):
+    """Select the 'npu' backend through the facade, with a stand-in torch_npu that records each launch."""
+    launches: list[dict] = []
+
+    def fused_infer_attention_score_v2(query, key, value, **kwargs):
+        launches.append({"rows": query.shape[0], **kwargs})
+        return query.new_zeros(query.shape), None  # [rows, heads, head_size]: the binding copies it out
+
+    fake = types.ModuleType("torch_npu")
+    fake.npu_fused_infer_attention_score_v2 = fused_infer_attention_score_v2
+    monkeypatch.setitem(sys.modules, "torch_npu", fake)
+    monkeypatch.setattr(npu_probe, "torch_npu_status", lambda: npu_probe.TorchNpuStatus(True, 1, "fake", None))
+    monkeypatch.setattr(registry._STATE, "loaded", {})  # this test's backends only
+    npu_backend._torch_npu.cache_clear()
+    with ascend_kernels.use_backend("npu"):
+        yield launches
+    npu_backend._torch_npu.cache_clear()
+
+
+def _batch(contiguous: bool = True):
+    """Two requests: a decode (1 query, 20 cached) and a prefill chunk (3 queries, 7 in context); 1 padding row."""
+    gen = torch.Generator().manual_seed(0)
+    key_cache = torch.randn(6, 16, 2, 32, generator=gen)
+    value_cache = torch.randn(6, 16, 2, 32, generator=gen)
+    if not contiguous:  # K and V packed per state, as the allocator lays them out: not block-contiguous
+        packed = torch.randn(6, 2, 16, 64, generator=gen)
+        key_cache, value_cache = packed[..., :32].permute(0, 2, 1, 3), packed[..., 32:].permute(0, 2, 1, 3)
+    return dict(query=torch.randn(5, 4, 32, generator=gen), key_cache=key_cache, value_cache=value_cache,
+                block_table=torch.tensor([[0, 1], [2, 3]], dtype=torch.int32)), [0, 1, 4], [20, 7]
+
+
+def test_npu_paged_attention_with_host_lengths_never_reads_the_device(fake_npu):
+    args, starts, lens = _batch()
+    out = ops.paged_attention(**args, query_start_loc=_device(starts), seq_lens=_device(lens), scale=0.2,
+                              query_start_loc_host=starts, seq_lens_host=lens)
+    (launch,) = fake_npu
+    assert launch["rows"] == 4 and launch["actual_seq_qlen"] == [1, 4] and launch["actual_seq_kvlen"] == [20, 7]
+    assert out.shape == (5, 4, 32) and out[4].abs().sum() == 0  # the padding row
+
+
+def test_npu_paged_attention_without_host_lengths_reads_them_back(fake_npu):
+    args, starts, lens = _batch()
+    with pytest.raises(AssertionError, match="read back"):
+        ops.paged_attention(**args, query_start_loc=_device(starts), seq_lens=_device(lens), scale=0.2)
+    out = ops.paged_attention(**args, query_start_loc=torch.tensor(starts, dtype=torch.int32),
+                              seq_lens=torch.tensor(lens, dtype=torch.int32), scale=0.2)
+    assert fake_npu[-1]["actual_seq_kvlen"] == lens and out.shape == (5, 4, 32)
+
+
+def test_npu_fallback_to_the_reference_takes_the_host_lengths_too(fake_npu):
+    args, starts, lens = _batch(contiguous=False)
+    out = ops.paged_attention(**args, query_start_loc=_device(starts), seq_lens=_device(lens), scale=0.2,
+                              query_start_loc_host=starts, seq_lens_host=lens)
+    assert not fake_npu  # strided caches: the reference ran, on the host lists
+    with ascend_kernels.use_backend("reference"):
+        expected = ops.paged_attention(**args, query_start_loc=torch.tensor(starts, dtype=torch.int32),
+                                       seq_lens=torch.tensor(lens, dtype=torch.int32), scale=0.2)
+    torch.testing.assert_close(out, expected)
+
+
+def test_reference_paged_attention_uses_the_host_lengths():
+    args, starts, lens = _batch()
+    with_host = ops.paged_attention(**args, query_start_loc=_device(starts), seq_lens=_device(lens), scale=0.2,
+                                    query_start_loc_host=starts, seq_lens_host=lens)
+    plain = ops.paged_attention(**args, query_start_loc=torch.tensor(starts, dtype=torch.int32),
+                                seq_lens=torch.tensor(lens, dtype=torch.int32), scale=0.2)
+    torch.testing.assert_close(with_host, plain)
+
+
+@pytest.mark.parametrize(("name", "value"), [("query_start_loc_host", [0, 1]), ("seq_lens_host", [20, 7.0]),
+                                             ("seq_lens_host", torch.tensor([20, 7]))])
+def test_host_lengths_of_the_wrong_length_or_type_are_refused(name, value):
+    args, starts, lens = _batch()
+    kwargs = {"query_start_loc_host": starts, "seq_lens_host": lens, name: value}
+    with pytest.raises(ValueError, match=f"'{name}'.*host list of"):
+        ops.paged_attention(**args, query_start_loc=torch.tensor(starts, dtype=torch.int32),
+                            seq_lens=torch.tensor(lens, dtype=torch.int32), scale=0.2, **kwargs)

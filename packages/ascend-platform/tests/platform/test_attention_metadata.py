@@ -1,0 +1,63 @@
+"""The ASCEND metadata builder puts the step's lengths on the host once per step, for every layer's kernels.
+
+Real vLLM `CommonAttentionMetadata`; the device lengths are a tensor that fails the test when read back to the host.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+from vllm.v1.attention.backend import CommonAttentionMetadata
+from vllm.v1.kv_cache_interface import FullAttentionSpec
+
+
+class DeviceLengths(torch.Tensor):
+    def _read_back(self, *args, **kwargs):
+        raise AssertionError("lengths were read back from the device")
+
+    tolist = item = cpu = numpy = __int__ = __index__ = __bool__ = _read_back
+
+
+def _common(*, upper_bound: bool = True, device_only: bool = True) -> CommonAttentionMetadata:
+    starts, lens = [0, 1, 4], [20, 7]
+    seq_lens = torch.tensor(lens, dtype=torch.int32)
+    return CommonAttentionMetadata(
+        query_start_loc=torch.tensor(starts, dtype=torch.int32).as_subclass(DeviceLengths),
+        query_start_loc_cpu=torch.tensor(starts, dtype=torch.int32),
+        seq_lens=seq_lens.as_subclass(DeviceLengths) if device_only else seq_lens,
+        seq_lens_cpu_upper_bound=torch.tensor(lens, dtype=torch.int32) if upper_bound else None,
+        num_reqs=2, num_actual_tokens=4, max_query_len=3, max_seq_len=20,
+        block_table_tensor=torch.zeros(2, 2, dtype=torch.int32), slot_mapping=torch.zeros(4, dtype=torch.int64))
+
+
+def _builder(speculative: bool = False):
+    from ascend_platform.attention.backend import AscendAttentionMetadataBuilder
+
+    spec = FullAttentionSpec(block_size=16, num_kv_heads=2, head_size=32, dtype=torch.float32)
+    config = SimpleNamespace(speculative_config=object() if speculative else None)
+    return AscendAttentionMetadataBuilder(spec, ["layer.0"], config, torch.device("cpu"))
+
+
+def test_host_lengths_come_from_vllms_host_copies_without_a_read_back():
+    metadata = _builder().build(0, _common())
+    assert metadata.query_start_loc_host == [0, 1, 4] and metadata.seq_lens_host == [20, 7]
+
+
+@pytest.mark.parametrize(("speculative", "upper_bound"), [(True, True), (False, False)])
+def test_inexact_host_lengths_are_read_back_once_per_step(speculative, upper_bound):
+    from ascend_platform import usage
+
+    before = usage.snapshot()["counts"].get("attention.ascend.seq_lens_read_back", 0)
+    builder = _builder(speculative=speculative)
+    with pytest.raises(AssertionError, match="read back"):  # the device lengths are what it reads
+        builder.build(0, _common(upper_bound=upper_bound))
+    metadata = builder.build(0, _common(upper_bound=upper_bound, device_only=False))
+    assert metadata.seq_lens_host == [20, 7]
+    assert usage.snapshot()["counts"]["attention.ascend.seq_lens_read_back"] == before + 2
+
+
+def test_metadata_a_graph_captures_has_no_host_lengths():
+    metadata = _builder().build_for_cudagraph_capture(_common())
+    assert metadata.query_start_loc_host is None and metadata.seq_lens_host is None
