@@ -221,7 +221,8 @@ def paged_attention(
     return out
 
 
-def mla_decode_attention(q_nope_absorbed, q_rope, latent_cache, rope_cache, block_table, seq_lens, *, scale, out=None):
+def mla_decode_attention(q_nope_absorbed, q_rope, latent_cache, rope_cache, block_table, seq_lens, *, scale, out=None,
+                         seq_lens_host=None):
     b, h, r = q_nope_absorbed.shape
     result, _ = _torch_npu().npu_fused_infer_attention_score(
         q_nope_absorbed.view(b, h, 1, r),
@@ -235,7 +236,7 @@ def mla_decode_attention(q_nope_absorbed, q_rope, latent_cache, rope_cache, bloc
         scale=scale,
         block_table=block_table.to(torch.int32),
         block_size=latent_cache.shape[1],
-        actual_seq_lengths_kv=seq_lens.tolist(),
+        actual_seq_lengths_kv=_host(seq_lens_host, seq_lens),
     )
     result = result.view(b, h, r)
     if out is None:
@@ -244,10 +245,10 @@ def mla_decode_attention(q_nope_absorbed, q_rope, latent_cache, rope_cache, bloc
     return out
 
 
-def gather_mla_cache(latent_cache, rope_cache, block_table, seq_lens):
+def gather_mla_cache(latent_cache, rope_cache, block_table, seq_lens, *, seq_lens_host=None):
     if not (_block_contiguous(latent_cache) and _block_contiguous(rope_cache)):
-        return reference.gather_mla_cache(latent_cache, rope_cache, block_table, seq_lens)
-    total = int(seq_lens.sum())
+        return reference.gather_mla_cache(latent_cache, rope_cache, block_table, seq_lens, seq_lens_host=seq_lens_host)
+    total = sum(seq_lens_host) if seq_lens_host is not None else int(seq_lens.sum())
     latent = latent_cache.new_empty(total, latent_cache.shape[3])
     rope = rope_cache.new_empty(total, rope_cache.shape[3])
     _torch_npu().atb.npu_paged_cache_load(
@@ -257,15 +258,17 @@ def gather_mla_cache(latent_cache, rope_cache, block_table, seq_lens):
     return latent, rope
 
 
-def mla_prefill_attention(q, k_nope, k_rope, v, query_start_loc, kv_start_loc, *, scale, out=None):
+def mla_prefill_attention(q, k_nope, k_rope, v, query_start_loc, kv_start_loc, *, scale, out=None,
+                          query_start_loc_host=None, kv_start_loc_host=None):
     t, h, _ = q.shape
     n = k_nope.shape[0]
     k = torch.cat([k_nope, k_rope.reshape(n, 1, -1).expand(n, h, -1)], dim=-1)
-    num_q = int(query_start_loc[-1])
+    starts = _host(query_start_loc_host, query_start_loc)
+    num_q = starts[-1]
     result, _ = _torch_npu().npu_fused_infer_attention_score(
         q[:num_q], k, v, num_heads=h, num_key_value_heads=h, input_layout="TND", scale=scale,
         atten_mask=_causal_mask(str(q.device)), sparse_mode=_SPARSE_CAUSAL,
-        actual_seq_lengths=query_start_loc[1:].tolist(), actual_seq_lengths_kv=kv_start_loc[1:].tolist())
+        actual_seq_lengths=starts[1:], actual_seq_lengths_kv=_host(kv_start_loc_host, kv_start_loc)[1:])
     if out is None:
         out = q.new_zeros(t, h, v.shape[2])
     else:
@@ -361,18 +364,21 @@ def sample(logits, temperature, top_k=None, top_p=None, generator=None):
     return torch.where(greedy, logits.argmax(dim=-1), sampled)
 
 
-def _seq_lengths(starts: torch.Tensor) -> list[int]:
-    return starts[1:].tolist()
+def _host(values: list[int] | None, tensor: torch.Tensor) -> list[int]:
+    """The caller's host list (built once per step), else one read-back of the tensor."""
+    return list(values) if values is not None else tensor.tolist()
 
 
-def attention_with_lse(q, k, v, query_start_loc, kv_start_loc, *, scale, causal=True, out=None):
+def attention_with_lse(q, k, v, query_start_loc, kv_start_loc, *, scale, causal=True, out=None,
+                       query_start_loc_host=None, kv_start_loc_host=None):
     t, h, _ = q.shape
-    num_q = int(query_start_loc[-1])
+    starts = _host(query_start_loc_host, query_start_loc)
+    num_q = starts[-1]
     kwargs = {"atten_mask": _causal_mask(str(q.device)), "sparse_mode": _SPARSE_CAUSAL} if causal else {}
     result, lse = _torch_npu().npu_fused_infer_attention_score(
         q[:num_q], k, v, num_heads=h, num_key_value_heads=k.shape[1], input_layout="TND", scale=scale,
-        softmax_lse_flag=True, actual_seq_lengths=_seq_lengths(query_start_loc),
-        actual_seq_lengths_kv=_seq_lengths(kv_start_loc), **kwargs)
+        softmax_lse_flag=True, actual_seq_lengths=starts[1:],
+        actual_seq_lengths_kv=_host(kv_start_loc_host, kv_start_loc)[1:], **kwargs)
     if out is None:
         out = q.new_zeros(t, h, v.shape[2])
     else:
@@ -384,18 +390,21 @@ def attention_with_lse(q, k, v, query_start_loc, kv_start_loc, *, scale, causal=
 
 
 def paged_attention_with_lse(query, key_cache, value_cache, block_table, query_start_loc, seq_lens, *, scale,
-                             causal=True, out=None):
+                             causal=True, out=None, query_start_loc_host=None, seq_lens_host=None):
     if not (_block_contiguous(key_cache) and _block_contiguous(value_cache)):
         return reference.paged_attention_with_lse(query, key_cache, value_cache, block_table, query_start_loc,
-                                                  seq_lens, scale=scale, causal=causal, out=out)
+                                                  seq_lens, scale=scale, causal=causal, out=out,
+                                                  query_start_loc_host=query_start_loc_host,
+                                                  seq_lens_host=seq_lens_host)
     t, h, _ = query.shape
     _, bs, hkv, _ = key_cache.shape
-    num_q = int(query_start_loc[-1])
+    starts = _host(query_start_loc_host, query_start_loc)
+    num_q = starts[-1]
     kwargs = {"atten_mask": _causal_mask(str(query.device)), "sparse_mode": _SPARSE_CAUSAL} if causal else {}
     result, lse = _torch_npu().npu_fused_infer_attention_score(
         query[:num_q], _flat_blocks(key_cache), _flat_blocks(value_cache), num_heads=h, num_key_value_heads=hkv,
         input_layout="TND", scale=scale, softmax_lse_flag=True, block_table=block_table.to(torch.int32),
-        block_size=bs, actual_seq_lengths=_seq_lengths(query_start_loc), actual_seq_lengths_kv=seq_lens.tolist(),
+        block_size=bs, actual_seq_lengths=starts[1:], actual_seq_lengths_kv=_host(seq_lens_host, seq_lens),
         **kwargs)
     if out is None:
         out = query.new_zeros(t, h, value_cache.shape[3])

@@ -8,6 +8,9 @@ and then calls the selected backend (`ascend_kernels.set_backend`). Conventions 
 - A slot is `block_id * block_size + offset`; slot -1 marks a padding token and is skipped.
 - A request's `seq_len` counts its whole context including the tokens scheduled now, so its `q_len` queries sit at
   positions `seq_len - q_len ... seq_len - 1`.
+- Attention ops take their length tensors also as optional host lists (`seq_lens_host`, `query_start_loc_host`,
+  `kv_start_loc_host`), which the caller builds once per step: a device kernel that takes lengths at launch then
+  never reads them back per layer. They must equal the tensors (not checked: that would read the device).
 """
 
 from __future__ import annotations
@@ -107,7 +110,8 @@ def paged_attention(
 
 
 def mla_decode_attention(
-    q_nope_absorbed, q_rope, latent_cache, rope_cache, block_table, seq_lens, *, scale: float, out=None
+    q_nope_absorbed, q_rope, latent_cache, rope_cache, block_table, seq_lens, *, scale: float, out=None,
+    seq_lens_host: list[int] | None = None,
 ) -> torch.Tensor:
     """MLA decode (one query per request) over the latent cache, with W_UK already absorbed into the query.
 
@@ -120,12 +124,14 @@ def mla_decode_attention(
         _v.check_mla_decode_attention(
             q_nope_absorbed, q_rope, latent_cache, rope_cache, block_table, seq_lens, scale, out
         )
+        _v.host_lengths("mla_decode_attention", "seq_lens_host", seq_lens_host, seq_lens.shape[0])
     return current_impl().mla_decode_attention(
-        q_nope_absorbed, q_rope, latent_cache, rope_cache, block_table, seq_lens, scale=scale, out=out
+        q_nope_absorbed, q_rope, latent_cache, rope_cache, block_table, seq_lens, scale=scale, out=out,
+        seq_lens_host=seq_lens_host,
     )
 
 
-def gather_mla_cache(latent_cache, rope_cache, block_table, seq_lens):
+def gather_mla_cache(latent_cache, rope_cache, block_table, seq_lens, *, seq_lens_host: list[int] | None = None):
     """Each request's whole context from the paged MLA cache, as contiguous rows (for prefill's up-projection).
 
     Caches as in `reshape_and_cache_mla`; block_table int `[num_reqs, max_blocks]`, seq_lens int `[num_reqs]`.
@@ -134,10 +140,13 @@ def gather_mla_cache(latent_cache, rope_cache, block_table, seq_lens):
     """
     if _SWITCH.enabled:
         _vm.check_gather_mla_cache(latent_cache, rope_cache, block_table, seq_lens)
-    return current_impl().gather_mla_cache(latent_cache, rope_cache, block_table, seq_lens)
+        _v.host_lengths("gather_mla_cache", "seq_lens_host", seq_lens_host, seq_lens.shape[0])
+    return current_impl().gather_mla_cache(latent_cache, rope_cache, block_table, seq_lens,
+                                           seq_lens_host=seq_lens_host)
 
 
-def mla_prefill_attention(q, k_nope, k_rope, v, query_start_loc, kv_start_loc, *, scale: float, out=None):
+def mla_prefill_attention(q, k_nope, k_rope, v, query_start_loc, kv_start_loc, *, scale: float, out=None,
+                          query_start_loc_host: list[int] | None = None, kv_start_loc_host: list[int] | None = None):
     """MLA prefill attention with up-projected keys: every head's key is `[k_nope[j, h], k_rope[j]]`.
 
     q `[num_tokens, num_heads, qk_nope + rope_dim]`; k_nope `[num_kv, num_heads, qk_nope]`; k_rope `[num_kv,
@@ -149,8 +158,12 @@ def mla_prefill_attention(q, k_nope, k_rope, v, query_start_loc, kv_start_loc, *
     """
     if _SWITCH.enabled:
         _vm.check_mla_prefill_attention(q, k_nope, k_rope, v, query_start_loc, kv_start_loc, scale, out)
+        _v.host_lengths("mla_prefill_attention", "query_start_loc_host", query_start_loc_host,
+                        query_start_loc.shape[0])
+        _v.host_lengths("mla_prefill_attention", "kv_start_loc_host", kv_start_loc_host, kv_start_loc.shape[0])
     return current_impl().mla_prefill_attention(q, k_nope, k_rope, v, query_start_loc, kv_start_loc, scale=scale,
-                                                out=out)
+                                                out=out, query_start_loc_host=query_start_loc_host,
+                                                kv_start_loc_host=kv_start_loc_host)
 
 
 def rotary_embedding(positions, query, key, cos_sin_cache, *, head_size: int, rotary_dim: int, is_neox: bool):
@@ -448,7 +461,8 @@ def sparse_mla_attention(q_nope_absorbed, q_rope, latent_cache, rope_cache, bloc
 # ------------------------------------------------------------------------- context parallelism (PCP)
 
 
-def attention_with_lse(q, k, v, query_start_loc, kv_start_loc, *, scale: float, causal: bool = True, out=None):
+def attention_with_lse(q, k, v, query_start_loc, kv_start_loc, *, scale: float, causal: bool = True, out=None,
+                       query_start_loc_host: list[int] | None = None, kv_start_loc_host: list[int] | None = None):
     """Attention over contiguous K/V rows that also returns each query row's log-sum-exp (one part of a merge).
 
     q `[num_tokens, num_heads, head_size]`; k `[num_kv, num_kv_heads, head_size]`, v `[num_kv, num_kv_heads,
@@ -462,12 +476,16 @@ def attention_with_lse(q, k, v, query_start_loc, kv_start_loc, *, scale: float, 
     """
     if _SWITCH.enabled:
         _vcp.check_attention_with_lse(q, k, v, query_start_loc, kv_start_loc, scale, out)
+        _v.host_lengths("attention_with_lse", "query_start_loc_host", query_start_loc_host, query_start_loc.shape[0])
+        _v.host_lengths("attention_with_lse", "kv_start_loc_host", kv_start_loc_host, kv_start_loc.shape[0])
     return current_impl().attention_with_lse(q, k, v, query_start_loc, kv_start_loc, scale=scale, causal=causal,
-                                             out=out)
+                                             out=out, query_start_loc_host=query_start_loc_host,
+                                             kv_start_loc_host=kv_start_loc_host)
 
 
 def paged_attention_with_lse(query, key_cache, value_cache, block_table, query_start_loc, seq_lens, *,
-                             scale: float, causal: bool = True, out=None):
+                             scale: float, causal: bool = True, out=None, query_start_loc_host: list[int] | None = None,
+                             seq_lens_host: list[int] | None = None):
     """`paged_attention`'s contract (no window, no sinks) that also returns the log-sum-exp, as `attention_with_lse`.
 
     Under PCP a chunk's cached context is one part: `seq_lens` = the tokens cached before this step and
@@ -477,8 +495,13 @@ def paged_attention_with_lse(query, key_cache, value_cache, block_table, query_s
     if _SWITCH.enabled:
         _vcp.check_paged_attention_with_lse(query, key_cache, value_cache, block_table, query_start_loc, seq_lens,
                                             scale, out)
+        _v.host_lengths("paged_attention_with_lse", "query_start_loc_host", query_start_loc_host,
+                        query_start_loc.shape[0])
+        _v.host_lengths("paged_attention_with_lse", "seq_lens_host", seq_lens_host, seq_lens.shape[0])
     return current_impl().paged_attention_with_lse(query, key_cache, value_cache, block_table, query_start_loc,
-                                                   seq_lens, scale=scale, causal=causal, out=out)
+                                                   seq_lens, scale=scale, causal=causal, out=out,
+                                                   query_start_loc_host=query_start_loc_host,
+                                                   seq_lens_host=seq_lens_host)
 
 
 def merge_attention_states(outputs, lses, *, out=None):

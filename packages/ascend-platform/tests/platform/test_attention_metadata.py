@@ -61,3 +61,19 @@ def test_inexact_host_lengths_are_read_back_once_per_step(speculative, upper_bou
 def test_metadata_a_graph_captures_has_no_host_lengths():
     metadata = _builder().build_for_cudagraph_capture(_common())
     assert metadata.query_start_loc_host is None and metadata.seq_lens_host is None
+
+
+def test_mla_metadata_carries_the_decode_and_prefill_host_lengths():
+    """A decode (1 query, 20 cached) then a prefill chunk (3 queries continuing 4 cached tokens)."""
+    from vllm.v1.kv_cache_interface import MLAAttentionSpec
+
+    from ascend_platform.attention.mla_backend import AscendMLAMetadataBuilder
+
+    spec = MLAAttentionSpec(block_size=16, num_kv_heads=1, head_size=576, dtype=torch.float32)
+    builder = AscendMLAMetadataBuilder(spec, ["layer.0"], SimpleNamespace(speculative_config=None),
+                                       torch.device("cpu"))
+    metadata = builder.build(0, _common())
+    assert metadata.decode.seq_lens_host == [20]
+    prefill = metadata.prefill
+    assert prefill.query_start_loc_host == [0, 3] and prefill.seq_lens_host == [7]
+    assert prefill.kv_start_loc_host == [0, 7] and prefill.has_context and prefill.max_query_len == 3

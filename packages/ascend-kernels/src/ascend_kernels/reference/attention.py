@@ -312,14 +312,15 @@ def _packed_mla(latent_cache: torch.Tensor, rope_cache: torch.Tensor) -> torch.T
     return latent_cache.as_strided((nb, bs, h, r + rope_cache.shape[3]), latent_cache.stride())
 
 
-def mla_decode_attention(q_nope_absorbed, q_rope, latent_cache, rope_cache, block_table, seq_lens, *, scale, out=None):
+def mla_decode_attention(q_nope_absorbed, q_rope, latent_cache, rope_cache, block_table, seq_lens, *, scale, out=None,
+                         seq_lens_host=None):
     b, h, r = q_nope_absorbed.shape
     bs = latent_cache.shape[1]
     if out is None:
         out = q_nope_absorbed.new_zeros(b, h, r)
     if b == 0:
         return out
-    lens = seq_lens.tolist()
+    lens = seq_lens_host if seq_lens_host is not None else seq_lens.tolist()
     ctx_blocks = [-(-n // bs) for n in lens]
     per_block = bs * (r + rope_cache.shape[3]) * latent_cache.element_size()
     device = q_nope_absorbed.device

@@ -11,6 +11,8 @@ keys, causal) and merged, so no [queries, keys] mask is ever built.
 
 from __future__ import annotations
 
+import itertools
+
 import torch
 
 
@@ -80,15 +82,17 @@ def _rows_attention(q, k, v, qs, ks, scale, causal, out, lse):
         lse[qs[r]:qs[r + 1]] = s
 
 
-def attention_with_lse(q, k, v, query_start_loc, kv_start_loc, *, scale, causal=True, out=None):
+def attention_with_lse(q, k, v, query_start_loc, kv_start_loc, *, scale, causal=True, out=None,
+                       query_start_loc_host=None, kv_start_loc_host=None):
     t, h, _ = q.shape
     if out is None:
         out = q.new_zeros(t, h, v.shape[2])
     else:
         out.zero_()
     lse = torch.full((t, h), float("-inf"), dtype=lse_dtype(q.dtype), device=q.device)
-    qs = query_start_loc.tolist()  # host-side schedule; the reference backend may sync
-    ks = kv_start_loc.tolist()
+    # host-side schedule: the caller's host lists when given, else read back (the reference backend may sync)
+    qs = query_start_loc_host if query_start_loc_host is not None else query_start_loc.tolist()
+    ks = kv_start_loc_host if kv_start_loc_host is not None else kv_start_loc.tolist()
     _rows_attention(q, k, v, qs, ks, scale, causal, out, lse)
     return out, lse
 
@@ -105,13 +109,15 @@ def _paged_rows(cache: torch.Tensor, block_table: torch.Tensor, lens: torch.Tens
 
 
 def paged_attention_with_lse(query, key_cache, value_cache, block_table, query_start_loc, seq_lens, *, scale,
-                             causal=True, out=None):
+                             causal=True, out=None, query_start_loc_host=None, seq_lens_host=None):
     lens = seq_lens.long()
     starts = torch.zeros(lens.shape[0] + 1, dtype=torch.long, device=lens.device)
     torch.cumsum(lens, 0, out=starts[1:])
     k = _paged_rows(key_cache, block_table, lens)
     v = _paged_rows(value_cache, block_table, lens)
-    return attention_with_lse(query, k, v, query_start_loc, starts, scale=scale, causal=causal, out=out)
+    starts_host = None if seq_lens_host is None else [0, *itertools.accumulate(seq_lens_host)]
+    return attention_with_lse(query, k, v, query_start_loc, starts, scale=scale, causal=causal, out=out,
+                              query_start_loc_host=query_start_loc_host, kv_start_loc_host=starts_host)
 
 
 def gather_kv_rows(packed_kv, index, *, key_size):

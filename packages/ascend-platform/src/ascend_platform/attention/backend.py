@@ -243,7 +243,9 @@ class AscendAttentionImpl(AttentionImpl[AscendAttentionMetadata]):
             with usage.timed("kernels.paged_attention"):
                 kernel_ops().paged_attention(
                     query[:t0], key_cache, value_cache, m.block_table[:d], m.query_start_loc[: d + 1],
-                    m.seq_lens[:d], scale=self.scale, causal=m.causal, out=output[:t0])
+                    m.seq_lens[:d], scale=self.scale, causal=m.causal, out=output[:t0],
+                    query_start_loc_host=None if m.query_start_loc_host is None else m.query_start_loc_host[: d + 1],
+                    seq_lens_host=None if m.seq_lens_host is None else m.seq_lens_host[:d])
         pcp_attention.chunk_attention(query[t0:n], gathered, query.shape[-1], key_cache, value_cache,
                                       m.block_table[d:], layout, scale=self.scale, out=output[t0:n])
         usage.count("attention.ascend.forward")

@@ -13,6 +13,7 @@ up-projected with `kv_b_proj`, and attended with the bottom-right causal mask of
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -30,6 +31,7 @@ from vllm.v1.attention.backends.mla.prefill.base import MLAPrefillBackend
 from vllm.v1.attention.backends.utils import split_decodes_and_prefills
 
 from ascend_platform import usage
+from ascend_platform.attention.backend import step_host_lengths
 from ascend_platform.facade import kernel_ops
 
 logger = init_logger(__name__)
@@ -84,6 +86,7 @@ class AscendMLABackend(AttentionBackend):
 class AscendMLADecodeMetadata:
     block_table: torch.Tensor  # int32 [num_decodes, max_blocks]
     seq_lens: torch.Tensor  # int32 [num_decodes]
+    seq_lens_host: list[int] | None = None  # the same on the host, built once per step (None in a captured graph)
 
 
 @dataclass
@@ -94,6 +97,10 @@ class AscendMLAPrefillMetadata:
     kv_start_loc: torch.Tensor  # int32 [num_prefills + 1]: cumulative seq_lens (rows of the gathered context)
     max_query_len: int
     has_context: bool  # some request continues a context already in the cache (chunked prefill, prefix hit)
+    # query_start_loc / seq_lens / kv_start_loc on the host, built once per step for every layer's kernels
+    query_start_loc_host: list[int] | None = None
+    seq_lens_host: list[int] | None = None
+    kv_start_loc_host: list[int] | None = None
     chunked_context: None = None  # read by vLLM's MLA layer (fused output quantization); context is ours to handle
 
 
@@ -125,33 +132,39 @@ class AscendMLAMetadataBuilder(AttentionMetadataBuilder[AscendMLAMetadata]):
 
     def __init__(self, kv_cache_spec, layer_names: list[str], vllm_config, device: torch.device) -> None:
         super().__init__(kv_cache_spec, layer_names, vllm_config, device)
+        # vLLM's host copy of seq_lens is exact unless speculative decoding runs ahead of it
+        self._host_seq_lens_exact = vllm_config.speculative_config is None
 
     def build(self, common_prefix_len: int, common_attn_metadata: CommonAttentionMetadata,
               fast_build: bool = False) -> AscendMLAMetadata:
         m = common_attn_metadata
         if isinstance(m.causal, torch.Tensor) or not m.causal:
             raise NotImplementedError("ASCEND_MLA serves causal decoder attention only")
+        qsl_host, seq_host = step_host_lengths(m, seq_lens_exact=self._host_seq_lens_exact)
         nd, npf, nd_tokens, _ = split_decodes_and_prefills(m, decode_threshold=self.reorder_batch_threshold)
         if nd and npf:
             usage.count("attention.ascend_mla.mixed_batches")
         n = m.num_reqs
         block_table = m.block_table_tensor[:n].to(torch.int32)
         seq_lens = m.seq_lens[:n].to(torch.int32)
-        decode = AscendMLADecodeMetadata(block_table[:nd], seq_lens[:nd]) if nd else None
+        decode = AscendMLADecodeMetadata(block_table[:nd], seq_lens[:nd], seq_host[:nd]) if nd else None
         prefill = None
         if npf:
-            qsl_cpu = m.query_start_loc_cpu[nd:n + 1]
-            seq_cpu = getattr(m, "seq_lens_cpu_upper_bound", None)  # exact for prefill rows, and no device sync
-            seq_cpu = (seq_cpu if seq_cpu is not None else m.seq_lens.cpu())[nd:n]
-            query_lens = qsl_cpu[1:] - qsl_cpu[:-1]
+            first = qsl_host[nd]
+            prefill_qsl = [q - first for q in qsl_host[nd:n + 1]]
+            prefill_seq_host = seq_host[nd:n]
+            query_lens = [b - a for a, b in itertools.pairwise(prefill_qsl)]
             prefill_seq = seq_lens[nd:]
             prefill = AscendMLAPrefillMetadata(
                 block_table=block_table[nd:],
                 query_start_loc=(m.query_start_loc[nd:n + 1] - m.query_start_loc[nd]).to(torch.int32),
                 seq_lens=prefill_seq,
                 kv_start_loc=_cumulative(prefill_seq),
-                max_query_len=int(query_lens.max()),
-                has_context=bool((seq_cpu > query_lens).any()),
+                max_query_len=max(query_lens),
+                has_context=any(s > q for s, q in zip(prefill_seq_host, query_lens, strict=True)),
+                query_start_loc_host=prefill_qsl,
+                seq_lens_host=prefill_seq_host,
+                kv_start_loc_host=[0, *itertools.accumulate(prefill_seq_host)],
             )
         return AscendMLAMetadata(
             num_reqs=n, max_query_len=m.max_query_len, max_seq_len=m.max_seq_len,
@@ -237,7 +250,8 @@ class AscendMLAImpl(MLAAttentionImpl[AscendMLAMetadata]):
         kv = self._views(kv_c_and_k_pe_cache)
         with usage.timed("kernels.mla_decode_attention"):
             out = kernel_ops().mla_decode_attention(q_nope, q_rope, kv.latent, kv.rope, decode.block_table,
-                                                    decode.seq_lens, scale=self.scale)
+                                                    decode.seq_lens, scale=self.scale,
+                                                    seq_lens_host=decode.seq_lens_host)
         usage.count("attention.ascend_mla.decode_tokens", q_nope.shape[0])
         return out, None
 
@@ -251,14 +265,18 @@ class AscendMLAImpl(MLAAttentionImpl[AscendMLAMetadata]):
         if prefill.has_context:
             kv = self._views(kv_c_and_k_pe_cache)
             with usage.timed("kernels.gather_mla_cache"):
-                latent, rope = ops.gather_mla_cache(kv.latent, kv.rope, prefill.block_table, prefill.seq_lens)
-            kv_start = prefill.kv_start_loc
+                latent, rope = ops.gather_mla_cache(kv.latent, kv.rope, prefill.block_table, prefill.seq_lens,
+                                                    seq_lens_host=prefill.seq_lens_host)
+            kv_start, kv_start_host = prefill.kv_start_loc, prefill.kv_start_loc_host
             usage.count("attention.ascend_mla.context_prefills")
         else:
-            latent, rope, kv_start = kv_c_normed, k_pe.reshape(k_pe.shape[0], -1), prefill.query_start_loc
+            latent, rope = kv_c_normed, k_pe.reshape(k_pe.shape[0], -1)
+            kv_start, kv_start_host = prefill.query_start_loc, prefill.query_start_loc_host
         kv_nope = self.kv_b_proj(latent)[0].view(-1, self.num_heads, self.qk_nope_head_dim + self.v_head_dim)
         k_nope, v = kv_nope.split([self.qk_nope_head_dim, self.v_head_dim], dim=-1)
         with usage.timed("kernels.mla_prefill_attention"):
             ops.mla_prefill_attention(q, k_nope, rope.to(q.dtype), v, prefill.query_start_loc, kv_start,
-                                      scale=self.scale, out=output.view(-1, self.num_heads, self.v_head_dim))
+                                      scale=self.scale, out=output.view(-1, self.num_heads, self.v_head_dim),
+                                      query_start_loc_host=prefill.query_start_loc_host,
+                                      kv_start_loc_host=kv_start_host)
         usage.count("attention.ascend_mla.prefill_tokens", q.shape[0])

@@ -53,18 +53,21 @@ def chunk_attention(query: torch.Tensor, gathered: torch.Tensor, key_size: int, 
     ops = kernel_ops()
     keys, values = ops.gather_kv_rows(gathered, layout.kv_index, key_size=key_size)
     usage.count("pcp.attention.chunks", layout.num_prefill_rows)
+    qsl_host, ksl_host = list(layout.query_start_loc_host), list(layout.kv_start_loc_host)
     if not layout.has_context:
         with usage.timed("kernels.attention_with_lse"):
             ops.attention_with_lse(query, keys, values, layout.query_start_loc, layout.kv_start_loc, scale=scale,
-                                   out=out)
+                                   out=out, query_start_loc_host=qsl_host, kv_start_loc_host=ksl_host)
         return out
     with usage.timed("kernels.attention_with_lse"):
         step_out, step_lse = ops.attention_with_lse(query, keys, values, layout.query_start_loc,
-                                                    layout.kv_start_loc, scale=scale)
+                                                    layout.kv_start_loc, scale=scale, query_start_loc_host=qsl_host,
+                                                    kv_start_loc_host=ksl_host)
     with usage.timed("kernels.paged_attention_with_lse"):
         ctx_out, ctx_lse = ops.paged_attention_with_lse(query, key_cache, value_cache, block_table,
                                                         layout.query_start_loc, layout.context_lens, scale=scale,
-                                                        causal=False)
+                                                        causal=False, query_start_loc_host=qsl_host,
+                                                        seq_lens_host=list(layout.context_lens_host))
     with usage.timed("kernels.merge_attention_states"):
         ops.merge_attention_states([ctx_out, step_out], [ctx_lse, step_lse], out=out)
     usage.count("pcp.attention.merged_chunks", layout.context_rows)

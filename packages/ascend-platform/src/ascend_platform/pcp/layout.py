@@ -30,6 +30,11 @@ class PCPAttentionLayout:
     kv_index: torch.Tensor  # int64 [sum of step keys]: gathered K/V rows of each chunk's step keys, in order
     kv_start_loc: torch.Tensor  # int32 [num_prefill_rows + 1]: each chunk's run in kv_index
     context_rows: int  # chunks continuing a context (chunked prefill, prefix-cache hit): the merge runs for them
+    # query_start_loc / context_lens / kv_start_loc as host lists (the plan is made on the host once per step), so the
+    # kernels of every layer launch without reading them back
+    query_start_loc_host: tuple[int, ...]
+    context_lens_host: tuple[int, ...]
+    kv_start_loc_host: tuple[int, ...]
 
     @property
     def num_prefill_rows(self) -> int:
@@ -96,4 +101,7 @@ def build_layout(local_segments: Sequence[Any], gather_index: np.ndarray, *, que
         kv_index=torch.from_numpy(np.concatenate(kv_runs)).to(device),
         kv_start_loc=torch.from_numpy(ksl).to(device),
         context_rows=sum(c > 0 for c in ctx),
+        query_start_loc_host=tuple(int(v) for v in qsl),
+        context_lens_host=tuple(ctx),
+        kv_start_loc_host=tuple(int(v) for v in ksl),
     )
