@@ -73,7 +73,9 @@ def _venv_with(tmp: Path, wheelhouse: Path, *requirements: str, base: Path | Non
     _run([UV, "venv", "-q", "--python", "3.11", str(venv)], env=_clean_env())
     constraints = tmp / "constraints.txt"
     constraints.write_text("torch==2.13.0+cpu\n")  # never a multi-GB CUDA torch
-    links = ["--find-links", str(wheelhouse), "--find-links", TORCH_WHEELS]
+    # --no-config: a pip user's install, not this workspace's settings (its compile-bytecode would byte-compile each
+    # fresh venv's whole vLLM and torch, minutes of CI for nothing these checks read)
+    links = ["--no-config", "--find-links", str(wheelhouse), "--find-links", TORCH_WHEELS]
     if base is not None:
         _run([UV, "pip", "install", "-q", "--python", str(python), *links, "--no-deps", "-r", str(base)],
              env=_clean_env())
