@@ -13,6 +13,10 @@ import sys
 import pytest
 
 pytestmark = pytest.mark.mooncake
+# Each scenario's master listens on BASE_PORT + 10 * i (+1 for metrics): below Linux's ephemeral range
+# (32768-60999), where the engines still alive in the namespace hold random ports (a master on 51000/51030 collided
+# with one twice in CI and exited at start-up).
+BASE_PORT = 28000
 
 
 @pytest.fixture(scope="module")
@@ -22,7 +26,7 @@ def scenarios(netns, tmp_path_factory, here):
     from ascend_testkit.reach.collect import reach_env
 
     logs = tmp_path_factory.mktemp("store-scenarios")
-    proc = netns.popen([sys.executable, str(here / "store_scenarios.py"), "all", "51000", str(logs)],
+    proc = netns.popen([sys.executable, str(here / "store_scenarios.py"), "all", str(BASE_PORT), str(logs)],
                        stdout=subprocess.PIPE, stderr=open(logs / "stderr.log", "wb"),  # noqa: SIM115
                        env=dict(os.environ) | reach_env())
     try:
@@ -74,7 +78,7 @@ def test_dead_master_turns_the_pool_off(scenarios):
     assert r["hit_before"] == [64, True] and r["hit_after"] == [0, False]
     assert r["invalid"] == [20, 21, 22, 23] and r["recv"] == ["load"] and r["sent"] == ["save"]
     assert r["scheduler_enabled"] is False and r["worker"]["pool_enabled"] is False
-    assert "RPC_FAIL" in r["reason"] and "127.0.0.1:51030" in r["reason"]
+    assert "RPC_FAIL" in r["reason"] and f"127.0.0.1:{BASE_PORT + 30}" in r["reason"]  # master_dies: 4th scenario
     assert r["worker"]["pending_saves"] == 0 and r["worker"]["held_requests"] == 0
 
 
