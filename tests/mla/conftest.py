@@ -52,22 +52,11 @@ def float64_outputs(model, prompts: list[str], max_tokens: int, logprobs: int) -
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from ascend_testkit.compare import greedy_float64
+
     tok = AutoTokenizer.from_pretrained(model)
     hf = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float64).eval()
-    outputs = []
-    with torch.no_grad():
-        for prompt in prompts:
-            ids = tok(prompt, return_tensors="pt").input_ids
-            token_ids, tops = [], []
-            for _ in range(max_tokens):
-                logp = torch.log_softmax(hf(ids).logits[0, -1], dim=-1)
-                top = torch.topk(logp, logprobs)
-                nxt = int(top.indices[0])
-                token_ids.append(nxt)
-                tops.append({str(int(i)): float(v) for i, v in zip(top.indices, top.values, strict=True)})
-                ids = torch.cat([ids, torch.tensor([[nxt]])], dim=1)
-            outputs.append({"token_ids": token_ids, "logprobs": tops})
-    return outputs
+    return greedy_float64(hf, tok, prompts, max_tokens, logprobs)
 
 
 class MLARuns:

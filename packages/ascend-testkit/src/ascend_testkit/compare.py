@@ -21,3 +21,24 @@ def check_logprobs_close(ours: Sequence[Mapping[str, Any]], theirs: Sequence[Map
             break
         else:
             assert len(a["token_ids"]) == len(b["token_ids"]), f"prompt {i}: lengths differ"
+
+
+def greedy_float64(hf, tok, prompts: list[str], max_tokens: int, logprobs: int) -> list[dict]:
+    """Greedy generation with a transformers model, recomputing the whole sequence each step (no KV cache to
+    differ), in the engine harness's output format (token ids, top-`logprobs` per position)."""
+    import torch
+
+    outputs = []
+    with torch.no_grad():
+        for prompt in prompts:
+            ids = tok(prompt, return_tensors="pt").input_ids
+            token_ids, tops = [], []
+            for _ in range(max_tokens):
+                logp = torch.log_softmax(hf(ids, use_cache=False).logits[0, -1], dim=-1)
+                top = torch.topk(logp, logprobs)
+                nxt = int(top.indices[0])
+                token_ids.append(nxt)
+                tops.append({str(int(i)): float(v) for i, v in zip(top.indices, top.values, strict=True)})
+                ids = torch.cat([ids, torch.tensor([[nxt]])], dim=1)
+            outputs.append({"token_ids": token_ids, "logprobs": tops})
+    return outputs

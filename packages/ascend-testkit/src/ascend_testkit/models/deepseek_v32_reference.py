@@ -64,17 +64,8 @@ def float64_v32_outputs(model, prompts: list[str], max_tokens: int, logprobs: in
             layer.self_attn.indexer.index_topk = index_topk
     patch = (mock.patch.object(modeling_deepseek_v32.DeepseekV32Indexer, "forward", _fp8_indexer_forward)
              if fp8_indexer else contextlib.nullcontext())
-    outputs = []
-    with torch.no_grad(), patch:
-        for prompt in prompts:
-            ids = tok(prompt, return_tensors="pt").input_ids
-            token_ids, tops = [], []
-            for _ in range(max_tokens):
-                logp = torch.log_softmax(hf(ids, use_cache=False).logits[0, -1], dim=-1)
-                top = torch.topk(logp, logprobs)
-                nxt = int(top.indices[0])
-                token_ids.append(nxt)
-                tops.append({str(int(i)): float(v) for i, v in zip(top.indices, top.values, strict=True)})
-                ids = torch.cat([ids, torch.tensor([[nxt]])], dim=1)
-            outputs.append({"token_ids": token_ids, "logprobs": tops})
-    return outputs
+    from ascend_testkit.compare import greedy_float64
+
+    with patch:
+        return greedy_float64(hf, tok, prompts, max_tokens, logprobs)
+
