@@ -6,8 +6,9 @@ names, which both vLLM's V4 model and transformers' load.
 
 - transformers' DeepseekV4ForCausalLM runs it in float64 (`deepseek_v4_reference`), and the indexer's selection
   decides its output on prompts past 16 tokens: this is the reference the engine tests will use.
-- Plain vLLM CPU cannot serve it here: the engine starts, and the first step fails building the sliding-window
-  metadata, whose Triton kernels have no CPU backend on this machine (`vllm/v1/attention/ops/metadata.py`).
+- Plain vLLM CPU cannot be the reference here (checked by hand, not in CI: an engine that dies at its first step
+  costs a shared host): it starts, then its first step fails building the sliding-window metadata, whose Triton
+  kernels have no CPU backend on this machine (`vllm/v1/attention/ops/metadata.py`).
 - The simulated lane refuses it at start-up naming ASCEND_DSA, the backend that is not built yet (vLLM's V4 model
   never asks the platform for an attention backend; without the refusal it fails in model construction on CUDA's
   classes).
@@ -15,13 +16,10 @@ names, which both vLLM's V4 model and transformers' load.
 
 from __future__ import annotations
 
-import contextlib
 import json
 from pathlib import Path
 
 import pytest
-
-from ascend_testkit.engine.client import EngineError
 
 PROMPT_LENGTHS = (5, 16, 17, 40, 65)  # within the window, at and past window + index_topk * ratio = 32 tokens
 MAX_TOKENS = 8
@@ -65,21 +63,6 @@ def test_float64_reference_depends_on_the_indexer_selection(v4_model, v4_prompts
     assert short and all(sparse[i]["token_ids"] == dense[i]["token_ids"] for i in short)
     differs = [i for i, n in enumerate(PROMPT_LENGTHS) if n > 16 and sparse[i]["token_ids"] != dense[i]["token_ids"]]
     assert differs, "dense compressed attention gave the same tokens as the sparse model on every long prompt"
-
-
-def test_plain_vllm_cpu_fails_at_the_first_step_on_tritons_missing_cpu_backend(cpu_host, v4_model, v4_prompts):
-    cpu_host.start(v4_model, **ENGINE)  # vLLM's CPU V4 classes (CPU_V4_MLA_SPARSE, block size 256) build and load
-    try:
-        with pytest.raises(EngineError) as failed:
-            cpu_host.generate(v4_prompts[:1], max_tokens=1)
-    finally:
-        with contextlib.suppress(EngineError):  # the engine core may be dead already; the host lives on
-            cpu_host.stop()
-    # Where: the shared sliding-window metadata builder maps tokens to requests with a Triton kernel, and vLLM-CPU
-    # replaced `@triton.jit` kernels by plain functions ("Triton is installed, but doesn't include CPU backend").
-    trace = str(failed.value)
-    assert "sparse_swa.py" in trace and "compute_token_to_req_indices" in trace, trace[-4000:]
-    assert "'function' object is not subscriptable" in trace, trace[-4000:]
 
 
 def test_simulated_lane_refuses_deepseek_v4_at_start_up_naming_ascend_dsa(sim_v1_host, v4_model):
