@@ -67,10 +67,10 @@ class StepDriver:
             return
         self._running.append(_Running(handoff))
 
-    def release_unread(self, address: tuple[str, int], transfer_id: str) -> None:
+    def release_unread(self, address: tuple[str, int], transfer_id: str) -> PendingReply:
         """Tell a prefill rank that nobody reads the transfer from it (a rank with the same latent serves it): it
         frees its blocks now. Not awaited: if the notice is lost the rank frees them at its abort timeout."""
-        self.channel.send(address, schema.DoneNotice(transfer_id=transfer_id, ok=True, unread=True))
+        return self.channel.send(address, schema.DoneNotice(transfer_id=transfer_id, ok=True, unread=True))
 
     def waiting(self) -> int:
         return len(self._running)
