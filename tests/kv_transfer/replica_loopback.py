@@ -6,6 +6,8 @@ line of findings. Run inside a loopback-only network namespace.
     unread    prefill TP=2, decode TP=1: the decode rank reads the rank `plan_reads` picks and tells the other that
               nobody reads it; that rank frees the transfer at once, even when the notice arrives before its hold.
     split     the same TP=2 -> TP=1 pull without replication (heads split over ranks): refused, naming tp_size.
+    ragged    a decode worker (TP=2) told of a TP=3 prefill: that request fails (its blocks are load errors, so vLLM
+              recomputes), naming the sizes; the worker goes on.
 """
 
 import json
@@ -139,9 +141,28 @@ def split_case(out):
     prod.close()
 
 
+def ragged_case(out):
+    from ascend_kv_transfer.p2p.ports import Ranks
+    from ascend_kv_transfer.p2p.scheduler_side import P2PStep, RecvJob
+    from ascend_kv_transfer.p2p.worker_side import P2PWorker
+
+    geometry = msgspec.structs.replace(LATENT, tp_size=2)
+    worker = P2PWorker(engine_id="decode-tp2", role="kv_consumer", options=MooncakeOptions(side_channel_port=33800),
+                       ranks=Ranks(tp_rank=1, tp_size=2), geometry=geometry, num_blocks=BLOCKS,
+                       layer_groups={f"layer{i}": 0 for i in range(LAYERS)})
+    worker.register_kv_caches(caches(40))
+    worker.start_step(P2PStep(recv={"req-r": RecvJob("t-r", (HOST, 33900), "prefill-tp3", [[4, 5]],
+                                                     remote_tp_size=3)}))
+    sending, recving = worker.get_finished()
+    out["ragged"] = {"recving": sorted(recving), "invalid": sorted(worker.take_invalid_blocks()),
+                     "error": worker.pulled["req-r"].error, "pulls_failed": worker.stats()["pulls_failed"]}
+    worker.shutdown()
+
+
 if __name__ == "__main__":
     findings: dict = {}
     readers_case(findings)
     unread_case(findings)
     split_case(findings)
+    ragged_case(findings)
     print(json.dumps(findings), flush=True)

@@ -1,7 +1,8 @@
 """Transfer agents between real Mooncake engines on loopback (no vLLM) for KV every TP rank shares (MLA's latent):
 decode ranks read one copy each across TP sizes, a prefill rank shared by two readers frees the transfer only after
-both reported, a rank nobody reads frees it at once (also when told before its hold landed), and KV whose heads are
-split over ranks still refuses a TP mismatch by name."""
+both reported, a rank nobody reads frees it at once (also when told before its hold landed), KV whose heads are
+split over ranks still refuses a TP mismatch by name, and TP sizes that do not divide fail the request, not the
+worker."""
 
 from __future__ import annotations
 
@@ -48,3 +49,9 @@ def test_the_rank_nobody_reads_frees_at_once_and_the_read_rank_after_the_read(fi
 def test_split_heads_refuse_another_tp_size_by_name(findings):
     r = findings["split"]
     assert not r["ok"] and "GeometryMismatchError" in r["error"] and "tp_size is 1 here but 2" in r["error"], r
+
+
+def test_tp_sizes_that_do_not_divide_fail_the_request_for_recompute(findings):
+    r = findings["ragged"]
+    assert r["recving"] == ["req-r"] and r["invalid"] == [4, 5] and r["pulls_failed"] == 1, r
+    assert "prefill TP size 3 is not a multiple of decode TP size 2" in r["error"], r

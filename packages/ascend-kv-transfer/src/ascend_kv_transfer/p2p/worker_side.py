@@ -110,7 +110,13 @@ class P2PWorker:
     def _receive(self, req_id: str, job: RecvJob) -> None:
         assert self._driver is not None
         prefill_tp = job.remote_tp_size or self.ranks.tp_size
-        plan = self.read_plan(job)
+        try:
+            plan = self.read_plan(job)
+        except ValueError as e:  # TP sizes that do not divide: fail this request (vLLM recomputes), not the engine
+            result = PullResult(job.transfer_id, ok=False, error=f"{type(e).__name__}: {e}")
+            self.agent.record(result)
+            self._results.put((req_id, job.local_block_ids, result))
+            return
         host, port = job.address
         for rank in plan.release:
             self._driver.release_unread((host, port + peer_offset(self.ranks, prefill_tp, rank)), job.transfer_id)
