@@ -113,6 +113,9 @@ class P2PWorker:
         try:
             plan = self.read_plan(job)
         except ValueError as e:  # TP sizes that do not divide: fail this request (vLLM recomputes), not the engine
+            logger.error("request %s: cannot pull transfer %s: %s", req_id, job.transfer_id, e)
+            if not any(job.local_block_ids):  # an abort's release: nothing to report (the prefill times it out)
+                return
             result = PullResult(job.transfer_id, ok=False, error=f"{type(e).__name__}: {e}")
             self.agent.record(result)
             self._results.put((req_id, job.local_block_ids, result))
