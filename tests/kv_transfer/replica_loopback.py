@@ -41,7 +41,7 @@ def agent(name, seed, tp_size, port=None, replicated=True, **opts):
     layers = caches(seed)
     geometry = msgspec.structs.replace(LATENT, tp_size=tp_size, tp_replicated=replicated)
     # Generous bounds: on a loaded machine a round trip can stall for seconds; no finding depends on a timeout.
-    options = MooncakeOptions(side_channel_port=port or 33500, claim_wait_s=10.0, handshake_timeout_s=10.0,
+    options = MooncakeOptions(side_channel_port=port or 26500, claim_wait_s=10.0, handshake_timeout_s=10.0,
                               abort_timeout_s=60.0, **opts)
     a = MooncakeAgent(engine_id=name, geometry=geometry, options=options)
     a.register(describe_kv_caches(layers))
@@ -80,7 +80,7 @@ def same(c_layers, local, p_layers, remote):
 
 
 def readers_case(out):
-    prod, p_layers = agent("prefill-tp1", 1, tp_size=1, port=33500)
+    prod, p_layers = agent("prefill-tp1", 1, tp_size=1, port=26500)
     decodes = []
     for rank in range(2):
         cons, c_layers = agent(f"decode-tp2-r{rank}", 10 + rank, tp_size=2)
@@ -89,7 +89,7 @@ def readers_case(out):
     prod.hold("t1", "req1", [[3, 4, 5]])
     finished, equal = [], []
     for (decode, c_layers), plan in zip(decodes, plans, strict=True):
-        res = decode.pull(33500 + plan.source, "t1", [0, 1, 2], readers=plan.readers)
+        res = decode.pull(26500 + plan.source, "t1", [0, 1, 2], readers=plan.readers)
         equal.append(res.ok and res.nbytes == 3 * LAYERS * PAGE and same(c_layers, [0, 1, 2], p_layers, [3, 4, 5]))
         finished.append(sorted(prod.take_finished_sends()))
     out["readers"] = {"plans": [[p.source, p.readers] for p in plans], "copies_equal": equal,
@@ -101,7 +101,7 @@ def readers_case(out):
 
 
 def unread_case(out):
-    prods = [agent(f"prefill-tp2-r{r}", 1, tp_size=2, port=33600 + r) for r in range(2)]  # identical latents
+    prods = [agent(f"prefill-tp2-r{r}", 1, tp_size=2, port=26600 + r) for r in range(2)]  # identical latents
     cons, c_layers = agent("decode-tp1", 20, tp_size=1)
     decode = Decode(cons, [p for p, _ in prods])
     found = {}
@@ -111,14 +111,14 @@ def unread_case(out):
         if not early:
             for p, _ in prods:
                 p.hold(tid, f"req-{tid}", [[7, 8]])
-        notice = decode.driver.release_unread((HOST, 33600 + other), tid)
+        notice = decode.driver.release_unread((HOST, 26600 + other), tid)
         decode.run(lambda notice=notice: notice.done)
         if early:  # the notice came first: the hold that lands later is freed at once
             for p, _ in prods:
                 p.hold(tid, f"req-{tid}", [[7, 8]])
         unread_freed = sorted(prods[other][0].take_finished_sends())
         held_before_read = prods[plan.source][0].num_held()
-        res = decode.pull(33600 + plan.source, tid, [0, 1])
+        res = decode.pull(26600 + plan.source, tid, [0, 1])
         found[tid] = {"unread_freed": unread_freed, "notice": [type(notice.reply).__name__, repr(notice.error)],
                       "source_held_before_read": held_before_read, "ok": res.ok, "nbytes": res.nbytes,
                       "bytes_equal": same(c_layers, [0, 1], prods[plan.source][1], [7, 8]),
@@ -132,10 +132,10 @@ def unread_case(out):
 
 
 def split_case(out):
-    prod, _ = agent("prefill-tp2-split", 1, tp_size=2, port=33700, replicated=False)
+    prod, _ = agent("prefill-tp2-split", 1, tp_size=2, port=26700, replicated=False)
     cons, _ = agent("decode-tp1-split", 30, tp_size=1, replicated=False)
     prod.hold("t-split", "req-split", [[1]])
-    res = Decode(cons, [prod]).pull(33700, "t-split", [0])
+    res = Decode(cons, [prod]).pull(26700, "t-split", [0])
     out["split"] = {"ok": res.ok, "error": res.error}
     cons.close()
     prod.close()
@@ -147,11 +147,11 @@ def ragged_case(out):
     from ascend_kv_transfer.p2p.worker_side import P2PWorker
 
     geometry = msgspec.structs.replace(LATENT, tp_size=2)
-    worker = P2PWorker(engine_id="decode-tp2", role="kv_consumer", options=MooncakeOptions(side_channel_port=33800),
+    worker = P2PWorker(engine_id="decode-tp2", role="kv_consumer", options=MooncakeOptions(side_channel_port=26800),
                        ranks=Ranks(tp_rank=1, tp_size=2), geometry=geometry, num_blocks=BLOCKS,
                        layer_groups={f"layer{i}": 0 for i in range(LAYERS)})
     worker.register_kv_caches(caches(40))
-    worker.start_step(P2PStep(recv={"req-r": RecvJob("t-r", (HOST, 33900), "prefill-tp3", [[4, 5]],
+    worker.start_step(P2PStep(recv={"req-r": RecvJob("t-r", (HOST, 26900), "prefill-tp3", [[4, 5]],
                                                      remote_tp_size=3)}))
     sending, recving = worker.get_finished()
     out["ragged"] = {"recving": sorted(recving), "invalid": sorted(worker.take_invalid_blocks()),

@@ -18,7 +18,7 @@ pytestmark = [pytest.mark.engine, pytest.mark.mooncake]
 
 BLOCK_SIZE = 16
 # (prefill, decode) side-channel ports per pairing: a new pair never meets a port the last one held.
-PORTS = {2: (31900, 32000), 1: (33300, 33400)}
+PORTS = {2: (31900, 32000), 1: (26300, 26400)}
 MAX_TOKENS = 8
 # Far beyond the test's waits: a block freed by the abort timeout could not pass for a prompt release.
 ABORT_TIMEOUT_S = 120.0
