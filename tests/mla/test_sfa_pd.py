@@ -22,53 +22,16 @@ ENGINE = dict(dtype="float32", enforce_eager=True, seed=0, max_model_len=256, ma
               enable_prefix_caching=True)
 
 
-def _kv_config(role: str, port: int) -> dict:
-    return {"kv_connector": "AscendMooncakeConnector", "kv_role": role, "engine_id": f"sfa-{role}",
-            "kv_load_failure_policy": "recompute",
-            "kv_connector_extra_config": {"side_channel_port": port, "abort_timeout_s": 30.0,
-                                          "handshake_timeout_s": 5.0, "claim_wait_s": 5.0}}
-
-
 @pytest.fixture(scope="module")
-def sfa_pd_engines(netns_host, v32_model):
-    hosts = []
-    try:
-        for role, port, cpu in (("kv_producer", PREFILL_PORT, 0), ("kv_consumer", DECODE_PORT, 1)):
-            host = netns_host("simulated", cpu)
-            host.start(str(v32_model), wait=False, kv_transfer_config=_kv_config(role, port), **ENGINE)
-            hosts.append(host)
-        for host in hosts:
-            host.started()
-        yield hosts
-    finally:
-        for host in hosts:
-            if host.alive:
-                host.stop()
+def sfa_pd_engines(pd_pair, v32_model):
+    with pd_pair(v32_model, "sfa", (PREFILL_PORT, DECODE_PORT), **ENGINE) as pair:
+        yield pair
 
 
-@pytest.fixture(scope="module")
-def v32_token_ids(v32_model):
-    from transformers import AutoTokenizer
-
-    from ascend_testkit.models.tiny_llama import prompt_of_length
-
-    tok = AutoTokenizer.from_pretrained(str(v32_model))
-    return {f"len{n}": tok(prompt_of_length(n, offset=7 * n))["input_ids"] for n in LENGTHS}
-
-
-def test_disaggregated_sparse_output_equals_single_engine(sfa_pd_engines, v32_token_ids):
+def test_disaggregated_sparse_output_equals_single_engine(sfa_pd_engines, prompt_token_ids, v32_model, disaggregate):
     prefill, decode = sfa_pd_engines
-    prompts = v32_token_ids
-    single = prefill.run_requests([{"id": f"single-{k}", "prompt_token_ids": ids, "max_tokens": MAX_TOKENS}
-                                   for k, ids in prompts.items()])
-    prefill.call("reset_prefix_cache")
-    firsts = prefill.run_requests([{"id": f"p-{k}", "prompt_token_ids": ids, "max_tokens": 1,
-                                    "kv_transfer_params": {"do_remote_decode": True, "transfer_id": f"sfa-{k}"}}
-                                   for k, ids in prompts.items()])
-    outs = decode.run_requests([{"id": f"d-{k}", "prompt_token_ids": ids, "max_tokens": MAX_TOKENS,
-                                 "kv_transfer_params": first["kv_transfer_params"]}
-                                for (k, ids), first in zip(prompts.items(), firsts, strict=True)])
-    stats = decode.call("stats")
+    prompts = prompt_token_ids(v32_model, LENGTHS, 7)
+    single, outs, stats = disaggregate(prefill, decode, prompts, MAX_TOKENS, "sfa")
     for (k, ids), out, ref in zip(prompts.items(), outs, single, strict=True):
         assert out["token_ids"] == ref["token_ids"], k
         loaded = [v for r, v in stats["scheduler"]["loaded_tokens"].items() if r.startswith(f"d-{k}")]
