@@ -276,3 +276,33 @@ def test_one_thread_window_works_where_a_bound_worker_froze_set_num_threads(monk
         assert torch.get_num_threads() == 2 and calls == []
     finally:
         torch._C.set_num_threads(previous)
+
+
+@DTYPES
+def test_chunks_shared_between_two_threads_match(strided_caches, monkeypatch, dtype):
+    """With two intra-op threads the chunks run on two Python threads (each its own workspaces) at the same time:
+    the first two chunks each wait for the other to start, so one thread alone would break the barrier."""
+    import threading
+
+    from ascend_kernels.reference import attention
+
+    monkeypatch.setattr(attention, "CHUNK_BYTES", 1)  # one request per chunk
+    both_started = threading.Barrier(2, timeout=30)
+    calls = []
+    attend = attention._attend_blocks
+
+    def first_two_meet(*args):
+        calls.append(threading.get_ident())
+        if len(calls) <= 2:
+            both_started.wait()
+        return attend(*args)
+
+    monkeypatch.setattr(attention, "_attend_blocks", first_two_meet)
+    previous = torch.get_num_threads()
+    torch._C.set_num_threads(2)
+    try:
+        _run(strided_caches, q_lens=[1, 1, 4, 1, 1, 2], seq_lens=[40, 17, 33, 5, 64, 20], heads=8, kv_heads=2,
+             dtype=dtype)
+        assert len(set(calls)) == 2 and torch.get_num_threads() == 2
+    finally:
+        torch._C.set_num_threads(previous)

@@ -8,8 +8,10 @@ head size: the pages are gathered head-major (`[n, kv_heads, keys, head]`), so t
 over every (request, KV head) of the chunk, then one float32 softmax and one output matmul. Few ops per chunk matter
 as much as few bytes: with several intra-op threads every torch op is an OpenMP region whose barrier waits for a
 descheduled thread on a loaded machine (the previous per-(request, block, head) formulation needed about twice the
-ops, with re-layout copies of queries, scores and probabilities, and ran ~2x slower at load ~8 on 2 cores). Many
-rows (prefill): torch's fused scaled_dot_product_attention over the gathered sequence.
+ops, with re-layout copies of queries, scores and probabilities, and ran ~2x slower at load ~8 on 2 cores). So the
+block-matmul chunks run on one intra-op thread each, and the caller's N intra-op threads become N Python threads
+that share the chunks (`chunk_threads`: no barrier per op, one wait per call). Many rows (prefill): torch's fused
+scaled_dot_product_attention over the gathered sequence, on the caller's intra-op threads.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ import threading
 
 import torch
 import torch.nn.functional as F
+
+from ascend_kernels.reference.chunk_threads import run_chunks
 
 # Gathered K+V bytes per chunk: big enough to batch a decode step, small enough to stay near the CPU caches.
 # Measured (one thread, CPU time, benchmarks/kernels.py decode shapes): bfloat16 7.9 ms at 4 MiB vs 8.7 ms at 8 MiB,
@@ -166,37 +170,72 @@ def _chunks(qlens: list[int], ctx_blocks: list[int], bytes_per_block: int, limit
     return chunks
 
 
-def _attend_blocks(q, key_cache, value_cache, blocks, mask, scale, sink_rows):
+def _page_reader(key_cache: torch.Tensor, value_cache: torch.Tensor, table: torch.Tensor):
+    """One call's gather of head-major pages: `read(blocks)` (blocks `[n, nbk]` of `table`'s ids, or a slice of
+    `table`'s rows and a width) -> (k, v), each `[n, hkv, nbk * block_size, head]`.
+
+    The allocator's packed K|V caches take ONE index_select of whole (block, head) K|V pages per chunk (half the
+    DRAM streams of two gathers), with each block's first page row computed once per call; other layouts fall back
+    to `_gather_pages`.
+    """
+    d = key_cache.shape[3]
+    packed = _packed_kv(key_cache, value_cache)
+    pages = _page_rows(packed) if packed is not None else None
+    if pages is None:
+
+        def read_any(rows, nbk: int):
+            blocks = table[rows, :nbk] if isinstance(rows, slice) else rows[:, :nbk]
+            if packed is not None:
+                kv = _gather_pages("kv", packed, blocks)
+                return kv[..., :d], kv[..., d:]
+            return _gather_pages("k", key_cache, blocks), _gather_pages("v", value_cache, blocks)
+
+        return read_any
+    page_rows, per_block, first = pages
+    _, bs, hkv, _ = key_cache.shape
+    first_page = table * per_block + first  # [r, width]: block b's head-0 page row
+    heads = torch.arange(hkv, device=table.device)[:, None]
+
+    def read_pages(rows, nbk: int):
+        starts = first_page[rows, :nbk] if isinstance(rows, slice) else rows[:, :nbk] * per_block + first
+        index = (starts[:, None, :] + heads).view(-1)
+        dst = _workspace("kv", (index.numel(), bs * 2 * d), packed.dtype, packed.device)
+        torch.index_select(page_rows, 0, index, out=dst)
+        kv = dst.view(-1, hkv, nbk * bs, 2 * d)
+        return kv[..., :d], kv[..., d:]
+
+    return read_pages
+
+
+def _attend_blocks(q, k, v, mask, scale, sink_rows):
     """Attention over head-major gathered pages: one batched matmul for the scores, one for the output.
 
-    q `[n, hkv, rows, d]`; blocks `[n, nbk]`; mask `[n, 1, rows, nbk * bs]` or None (everything visible); float32
-    softmax, with per-row sink logits `[1, hkv, rows, 1]` joining the denominator when given. Scores are `q @ K^T`
-    (rows x keys), the orientation BLAS runs ~3x faster than `K @ q^T` for a handful of rows. Packed K|V caches are
-    gathered in one pass (half the DRAM streams of two gathers). Returns `[n, hkv, rows, dv]` in q's dtype.
+    q `[n, hkv, rows, d]`; k, v `[n, hkv, keys, d]` / `[.., dv]`; mask `[n, 1, rows, keys]` or None (everything
+    visible); softmax in float32, with per-row sink logits `[1, hkv, rows, 1]` joining the denominator when given.
+    Scores are `q @ K^T` (rows x keys), the orientation BLAS runs ~3x faster than `K @ q^T` for a handful of rows.
+    Reduced-precision scores go to softmax as they are: torch's CPU softmax computes in float32 internally and
+    rounds once, which is what the float() -> softmax -> to() round trip did in three ops. Returns
+    `[n, hkv, rows, dv]` in q's dtype.
     """
     n, hkv, rows, d = q.shape
-    packed = _packed_kv(key_cache, value_cache)
-    if packed is not None:
-        kv = _gather_pages("kv", packed, blocks)
-        k, v = kv[..., :d], kv[..., d:]
-    else:
-        k = _gather_pages("k", key_cache, blocks)
-        v = _gather_pages("v", value_cache, blocks)
     length = k.shape[2]
     if k.dtype != torch.float32 and not k.is_contiguous():
         # oneDNN's reduced-precision GEMM is ~2-8x slower on a strided K^T than a copy plus a dense one.
         k = _workspace("k_dense", tuple(k.shape), k.dtype, k.device).copy_(k)
     s = torch.bmm((q * scale).reshape(n * hkv, rows, d), k.reshape(n * hkv, length, d).transpose(1, 2))
-    s = s.view(n, hkv, rows, length).float()
-    if mask is not None:
-        s.masked_fill_(~mask, float("-inf"))
+    s = s.view(n, hkv, rows, length)
     if sink_rows is None:
+        if mask is not None:
+            s.masked_fill_(~mask, float("-inf"))
         p = torch.softmax(s, dim=-1)
     else:
+        s = s.float()
+        if mask is not None:
+            s.masked_fill_(~mask, float("-inf"))
         top = torch.maximum(s.amax(dim=-1, keepdim=True), sink_rows)
         e = torch.exp(s - top)
-        p = e / (e.sum(dim=-1, keepdim=True) + torch.exp(sink_rows - top))
-    o = torch.bmm(p.to(q.dtype).view(n * hkv, rows, length), v.reshape(n * hkv, length, v.shape[3]))
+        p = (e / (e.sum(dim=-1, keepdim=True) + torch.exp(sink_rows - top))).to(q.dtype)
+    o = torch.bmm(p.view(n * hkv, rows, length), v.reshape(n * hkv, length, v.shape[3]))
     return o.view(n, hkv, rows, -1)
 
 
@@ -254,43 +293,62 @@ def paged_attention(
     def by_blocks(m: int) -> bool:  # else torch's fused attention, which tiles a long prefill's [rows, keys] problem
         return sinks is not None or dv != d or m * g <= SMALL_ROWS
 
-    def attend(idx: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    chunks = _chunks(qlens, ctx_blocks, per_block, CHUNK_BYTES)
+    read = None
+    if any(by_blocks(qlens[idx[0]]) for idx in chunks):
+        read = _page_reader(key_cache, value_cache, table)
+
+    def attend(idx: list[int]) -> tuple[slice | torch.Tensor, torch.Tensor]:
         """(token rows, their outputs `[rows, hq, dv]`) of one chunk of requests with equal q_len."""
         n, m = len(idx), qlens[idx[0]]
         nbk = max(ctx_blocks[i] for i in idx)
-        sel = torch.tensor(idx, device=device)
-        blocks = table.index_select(0, sel)[:, :nbk]
-        first = torch.tensor([starts[i] for i in idx], device=device)
-        rows = (first[:, None] + torch.arange(m, device=device)).reshape(-1)  # token index of each (req, i)
-        # [n*m, hq, d] -> [n, hkv, m*g, d]: the g query heads of a KV head become rows of one matrix.
-        q = query.index_select(0, rows).view(n, m, hkv, g, d).permute(0, 2, 1, 3, 4).reshape(n, hkv, m * g, d)
         length = nbk * bs
+        if idx[-1] - idx[0] == n - 1:  # consecutive requests (a decode batch): views instead of index ops
+            sel = slice(idx[0], idx[-1] + 1)
+            rows = slice(starts[idx[0]], starts[idx[-1] + 1])
+            q = query[rows]
+            ctx = seq_lens[sel]
+            blocks = sel
+        else:
+            sel = torch.tensor(idx, device=device)
+            first = torch.tensor([starts[i] for i in idx], device=device)
+            rows = (first[:, None] + torch.arange(m, device=device)).reshape(-1)  # token index of each (req, i)
+            q = query.index_select(0, rows)
+            ctx = seq_lens.index_select(0, sel)
+            blocks = table.index_select(0, sel)
+        # [n*m, hq, d] -> [n, hkv, m*g, d]: the g query heads of a KV head become rows of one matrix.
+        q = q.view(n, m, hkv, g, d).transpose(1, 2).reshape(n, hkv, m * g, d)
         everything_visible = m == 1 and all(lens[i] == length for i in idx)
         everything_visible = everything_visible and (sliding_window is None or sliding_window >= length)
-        mask = (
-            None
-            if everything_visible
-            else _mask(seq_lens.index_select(0, sel).long(), m, g, length, causal, sliding_window)
-        )
+        mask = None if everything_visible else _mask(ctx.long(), m, g, length, causal, sliding_window)
         if by_blocks(m):
             sink_rows = None
             if sinks is not None:
                 sink_rows = sinks.float().view(1, hkv, 1, g, 1).expand(1, hkv, m, g, 1).reshape(1, hkv, m * g, 1)
-            o = _attend_blocks(q, key_cache, value_cache, blocks, mask, scale, sink_rows)
+            k, v = read(blocks, nbk)
+            o = _attend_blocks(q, k, v, mask, scale, sink_rows)
         else:
+            blocks = table[blocks, :nbk] if isinstance(blocks, slice) else blocks[:, :nbk]
             k = _gather_sequence("k", key_cache, blocks).transpose(1, 2)  # [n, hkv, L, d]
             v = _gather_sequence("v", value_cache, blocks).transpose(1, 2)
             o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
-        return rows, o.view(n, hkv, m, g, dv).permute(0, 2, 1, 3, 4).reshape(n * m, hq, dv).to(out.dtype)
+        return rows, o.view(n, hkv, m, g, dv).transpose(1, 2).reshape(n * m, hq, dv)
 
-    chunks = _chunks(qlens, ctx_blocks, per_block, CHUNK_BYTES)
+    def store(rows: slice | torch.Tensor, o: torch.Tensor) -> None:
+        if isinstance(rows, slice):
+            out[rows].copy_(o)
+        else:
+            out.index_copy_(0, rows, o.to(out.dtype))
+
+    threads = torch.get_num_threads()
     with _one_intra_op_thread():  # many small ops per chunk: see _one_intra_op_thread for why
-        for idx in chunks:
-            if by_blocks(qlens[idx[0]]):
-                out.index_copy_(0, *attend(idx))
+        # The caller's intra-op threads become threads sharing whole chunks (see chunk_threads for why).
+        done = run_chunks(attend, [idx for idx in chunks if by_blocks(qlens[idx[0]])], threads)
+        for rows, o in done:
+            store(rows, o)
     for idx in chunks:  # long prefills: few large fused ops, on the caller's intra-op threads
         if not by_blocks(qlens[idx[0]]):
-            out.index_copy_(0, *attend(idx))
+            store(*attend(idx))
     return out
 
 
