@@ -36,6 +36,19 @@ def test_two_threads_run_chunks_at_the_same_time_on_one_intra_op_thread_each(two
     assert torch.get_num_threads() == 2
 
 
+def test_helpers_run_in_the_callers_inference_mode(two_intra_op_threads):
+    both_started = threading.Barrier(2, timeout=30)
+
+    def fn(i: int) -> tuple[bool, bool]:
+        both_started.wait()
+        return torch.is_inference_mode_enabled(), torch.is_grad_enabled()
+
+    with attention._one_intra_op_thread(), torch.inference_mode():
+        assert chunk_threads.run_chunks(fn, [0, 1], threads=2) == [(True, False)] * 2
+    with attention._one_intra_op_thread(), torch.no_grad():
+        assert chunk_threads.run_chunks(fn, [0, 1], threads=2) == [(False, False)] * 2
+
+
 def test_one_thread_runs_everything_in_order_on_the_caller():
     caller = threading.get_ident()
     seen = []

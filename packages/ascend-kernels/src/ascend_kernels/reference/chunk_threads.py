@@ -76,19 +76,27 @@ def run_chunks(fn: Callable[[T], R], items: Sequence[T], threads: int) -> list[R
     """`[fn(item) for item in items]`, the items claimed in order by this thread and up to `threads - 1` helpers.
 
     Call it with this thread on one intra-op thread (inside `attention._one_intra_op_thread`): a helper sets its
-    own count to one when it first takes an item, which is while this call waits, so inside that window (torch's
-    setter also stores the process default, which the window restores). The first error any thread raises is
-    raised here once every taken item has finished; no item starts after one failed.
+    own count to one when it takes its first item, which is while this call waits, so inside that window (torch's
+    setter also stores the process default, which the window restores). Helpers run in the caller's grad and
+    inference mode. The first error any thread raises is raised here once every taken item has finished; no item
+    starts after one failed.
     """
     helpers = min(threads, len(items)) - 1
     if helpers < 1:
         return [fn(item) for item in items]
     claims = _Claims(len(items))
+    # Grad and inference mode are per thread: a helper runs its chunks in the caller's.
+    grad, inference = torch.is_grad_enabled(), torch.is_inference_mode_enabled()
 
     def drain(helper: bool) -> None:
+        first = True
         while (i := claims.claim()) is not None:
-            if helper:  # every time: MKL keeps its own per-thread count beside OpenMP's
-                torch._C.set_num_threads(1)  # not torch.set_num_threads: bound CPU workers make that a no-op
+            if helper and first:
+                # Only once an item is taken, i.e. while the caller waits inside its window (this setter also
+                # stores torch's process default). On every call, not once per thread: MKL keeps its own
+                # per-thread count beside OpenMP's. torch._C's setter: bound CPU workers make torch's a no-op.
+                torch._C.set_num_threads(1)
+                first = False
             try:
                 result = fn(items[i])
             except BaseException as exc:  # noqa: BLE001  (handed to the caller by finish)
@@ -96,9 +104,13 @@ def run_chunks(fn: Callable[[T], R], items: Sequence[T], threads: int) -> list[R
                 return
             claims.finish(i, result)
 
+    def help_drain() -> None:
+        with torch.inference_mode(inference), torch.set_grad_enabled(grad):
+            drain(True)
+
     pool = _helpers(helpers)
     for _ in range(helpers):
-        pool.submit(drain, True)
+        pool.submit(help_drain)
     drain(False)
     with claims.cond:
         # Everything is claimed (or an item failed): wait for the items helpers hold, not for idle helpers.
