@@ -306,3 +306,21 @@ def test_chunks_shared_between_two_threads_match(strided_caches, monkeypatch, dt
         assert len(set(calls)) == 2 and torch.get_num_threads() == 2
     finally:
         torch._C.set_num_threads(previous)
+
+
+@DTYPES
+def test_query_inside_a_fused_qkv_buffer(strided_caches, dtype):
+    """The query as the model hands it: a slice of a wider per-token buffer, its tokens not contiguous."""
+    _, k, v = strided_caches(12, 16, 2, 32, 32, dtype)
+    gen = torch.Generator().manual_seed(3)
+    qkv = torch.randn(4, (8 + 2 * 2) * 32, generator=gen).to(dtype)
+    query = qkv[:, : 8 * 32].view(4, 8, 32)
+    assert not query.is_contiguous()
+    table = [[3, 7, 1], [0, 5, 9], [2, 4, 11], [6, 8, 10]]
+    qsl, seq_lens = [0, 1, 2, 3, 4], [40, 33, 17, 48]
+    result = ops.paged_attention(
+        query, k, v, torch.tensor(table, dtype=torch.int32), torch.tensor(qsl, dtype=torch.int32),
+        torch.tensor(seq_lens, dtype=torch.int32), scale=32**-0.5,
+    )
+    expected = naive_paged_attention(query, k, v, table, qsl, seq_lens, 32**-0.5, True, None, None)
+    torch.testing.assert_close(result.double(), expected, **TOL[dtype])

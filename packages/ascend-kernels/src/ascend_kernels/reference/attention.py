@@ -17,6 +17,7 @@ scaled_dot_product_attention over the gathered sequence, on the caller's intra-o
 from __future__ import annotations
 
 import contextlib
+import math
 import threading
 
 import torch
@@ -67,9 +68,7 @@ def _workspace(tag: str, shape: tuple[int, ...], dtype: torch.dtype, device: tor
 
     Keyed by thread as well, so concurrent callers never share a buffer.
     """
-    numel = 1
-    for s in shape:
-        numel *= s
+    numel = math.prod(shape)
     key = (tag, dtype, device, threading.get_ident())
     buf = _WORKSPACE.get(key)
     if buf is None or buf.numel() < numel:
@@ -171,8 +170,8 @@ def _chunks(qlens: list[int], ctx_blocks: list[int], bytes_per_block: int, limit
 
 
 def _page_reader(key_cache: torch.Tensor, value_cache: torch.Tensor, table: torch.Tensor):
-    """One call's gather of head-major pages: `read(blocks)` (blocks `[n, nbk]` of `table`'s ids, or a slice of
-    `table`'s rows and a width) -> (k, v), each `[n, hkv, nbk * block_size, head]`.
+    """One call's gather of head-major pages: `read(blocks, nbk)` (blocks: `[n, >= nbk]` block ids, or a slice of
+    `table`'s rows) -> (k, v), each `[n * hkv, nbk * block_size, head]` (one matrix per (request, KV head)).
 
     The allocator's packed K|V caches take ONE index_select of whole (block, head) K|V pages per chunk (half the
     DRAM streams of two gathers), with each block's first page row computed once per call; other layouts fall back
@@ -186,22 +185,25 @@ def _page_reader(key_cache: torch.Tensor, value_cache: torch.Tensor, table: torc
         def read_any(rows, nbk: int):
             blocks = table[rows, :nbk] if isinstance(rows, slice) else rows[:, :nbk]
             if packed is not None:
-                kv = _gather_pages("kv", packed, blocks)
+                kv = _gather_pages("kv", packed, blocks).flatten(0, 1)
                 return kv[..., :d], kv[..., d:]
-            return _gather_pages("k", key_cache, blocks), _gather_pages("v", value_cache, blocks)
+            return (_gather_pages("k", key_cache, blocks).flatten(0, 1),
+                    _gather_pages("v", value_cache, blocks).flatten(0, 1))
 
         return read_any
     page_rows, per_block, first = pages
     _, bs, hkv, _ = key_cache.shape
-    first_page = table * per_block + first  # [r, width]: block b's head-0 page row
     heads = torch.arange(hkv, device=table.device)[:, None]
+    page_ids = (table * per_block + first)[:, None, :] + heads  # [r, hkv, width]: page row of (request, head, j)
 
     def read_pages(rows, nbk: int):
-        starts = first_page[rows, :nbk] if isinstance(rows, slice) else rows[:, :nbk] * per_block + first
-        index = (starts[:, None, :] + heads).view(-1)
+        if isinstance(rows, slice):
+            index = page_ids[rows, :, :nbk].reshape(-1)
+        else:
+            index = ((rows[:, :nbk] * per_block + first)[:, None, :] + heads).view(-1)
         dst = _workspace("kv", (index.numel(), bs * 2 * d), packed.dtype, packed.device)
         torch.index_select(page_rows, 0, index, out=dst)
-        kv = dst.view(-1, hkv, nbk * bs, 2 * d)
+        kv = dst.view(-1, nbk * bs, 2 * d)
         return kv[..., :d], kv[..., d:]
 
     return read_pages
@@ -210,33 +212,28 @@ def _page_reader(key_cache: torch.Tensor, value_cache: torch.Tensor, table: torc
 def _attend_blocks(q, k, v, mask, scale, sink_rows):
     """Attention over head-major gathered pages: one batched matmul for the scores, one for the output.
 
-    q `[n, hkv, rows, d]`; k, v `[n, hkv, keys, d]` / `[.., dv]`; mask `[n, 1, rows, keys]` or None (everything
+    q `[n * hkv, rows, d]`; k, v `[n * hkv, keys, d]` / `[.., dv]`; mask `[n, 1, rows, keys]` or None (everything
     visible); softmax in float32, with per-row sink logits `[1, hkv, rows, 1]` joining the denominator when given.
+    Three-dimensional operands throughout: the call count per chunk is what a decode step pays for (~2 us each).
     Scores are `q @ K^T` (rows x keys), the orientation BLAS runs ~3x faster than `K @ q^T` for a handful of rows.
     Reduced-precision scores go to softmax as they are: torch's CPU softmax computes in float32 internally and
     rounds once, which is what the float() -> softmax -> to() round trip did in three ops. Returns
-    `[n, hkv, rows, dv]` in q's dtype.
+    `[n * hkv, rows, dv]` in q's dtype.
     """
-    n, hkv, rows, d = q.shape
-    length = k.shape[2]
     if k.dtype != torch.float32 and not k.is_contiguous():
         # oneDNN's reduced-precision GEMM is ~2-8x slower on a strided K^T than a copy plus a dense one.
-        k = _workspace("k_dense", tuple(k.shape), k.dtype, k.device).copy_(k)
-    s = torch.bmm((q * scale).reshape(n * hkv, rows, d), k.reshape(n * hkv, length, d).transpose(1, 2))
-    s = s.view(n, hkv, rows, length)
+        k = _workspace("k_dense", k.shape, k.dtype, k.device).copy_(k)
+    s = torch.bmm(q * scale, k.transpose(1, 2))
+    if mask is not None:  # [n * hkv, rows, keys] seen as [n, hkv, rows, keys]
+        s.view(mask.shape[0], -1, *s.shape[1:]).masked_fill_(~mask, float("-inf"))
     if sink_rows is None:
-        if mask is not None:
-            s.masked_fill_(~mask, float("-inf"))
         p = torch.softmax(s, dim=-1)
     else:
-        s = s.float()
-        if mask is not None:
-            s.masked_fill_(~mask, float("-inf"))
+        s = s.float().view(-1, *sink_rows.shape[1:3], s.shape[2])
         top = torch.maximum(s.amax(dim=-1, keepdim=True), sink_rows)
         e = torch.exp(s - top)
-        p = (e / (e.sum(dim=-1, keepdim=True) + torch.exp(sink_rows - top))).to(q.dtype)
-    o = torch.bmm(p.view(n * hkv, rows, length), v.reshape(n * hkv, length, v.shape[3]))
-    return o.view(n, hkv, rows, -1)
+        p = (e / (e.sum(dim=-1, keepdim=True) + torch.exp(sink_rows - top))).to(q.dtype).flatten(0, 1)
+    return torch.bmm(p, v)
 
 
 def _mask(ctx, m, g, length, causal, sliding_window):
@@ -307,7 +304,7 @@ def paged_attention(
             sel = slice(idx[0], idx[-1] + 1)
             rows = slice(starts[idx[0]], starts[idx[-1] + 1])
             q = query[rows]
-            ctx = seq_lens[sel]
+            ctx = seq_lens[sel]  # a view: free unless a mask reads it
             blocks = sel
         else:
             sel = torch.tensor(idx, device=device)
@@ -316,8 +313,9 @@ def paged_attention(
             q = query.index_select(0, rows)
             ctx = seq_lens.index_select(0, sel)
             blocks = table.index_select(0, sel)
-        # [n*m, hq, d] -> [n, hkv, m*g, d]: the g query heads of a KV head become rows of one matrix.
-        q = q.view(n, m, hkv, g, d).transpose(1, 2).reshape(n, hkv, m * g, d)
+        # [n*m, hq, d] -> [n * hkv, m*g, d]: the g query heads of a KV head become rows of one matrix (a view for
+        # decodes, m == 1, of a query whose tokens are contiguous).
+        q = q.reshape(n * hkv, g, d) if m == 1 else q.view(n, m, hkv, g, d).transpose(1, 2).reshape(n * hkv, m * g, d)
         everything_visible = m == 1 and all(lens[i] == length for i in idx)
         everything_visible = everything_visible and (sliding_window is None or sliding_window >= length)
         mask = None if everything_visible else _mask(ctx.long(), m, g, length, causal, sliding_window)
@@ -331,7 +329,9 @@ def paged_attention(
             blocks = table[blocks, :nbk] if isinstance(blocks, slice) else blocks[:, :nbk]
             k = _gather_sequence("k", key_cache, blocks).transpose(1, 2)  # [n, hkv, L, d]
             v = _gather_sequence("v", value_cache, blocks).transpose(1, 2)
-            o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+            o = F.scaled_dot_product_attention(q.view(n, hkv, m * g, d), k, v, attn_mask=mask, scale=scale)
+        if m == 1:
+            return rows, o.view(n, hq, dv)
         return rows, o.view(n, hkv, m, g, dv).transpose(1, 2).reshape(n * m, hq, dv)
 
     def store(rows: slice | torch.Tensor, o: torch.Tensor) -> None:
