@@ -25,8 +25,9 @@ import tempfile
 import time
 from pathlib import Path
 
-MASTER_PORT = 50051
-HOLDER_PORT = 50053
+# Below Linux's ephemeral range (32768-60999), where the engines take their ports.
+MASTER_PORT = 27051
+HOLDER_PORT = 27053
 BLOCK = 128
 
 

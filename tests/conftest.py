@@ -58,6 +58,28 @@ def tiny_model(cache_root) -> Path:
 
 
 @pytest.fixture(scope="session")
+def model_dir(tiny_model) -> str:
+    return str(tiny_model)
+
+
+@pytest.fixture(scope="session")
+def token_ids(model_dir):
+    """`token_ids(n, offset)`: a prompt of exactly n token ids (distinct offsets give distinct prompts)."""
+    from transformers import AutoTokenizer
+
+    from ascend_testkit.models.tiny_llama import prompt_of_length
+
+    tok = AutoTokenizer.from_pretrained(model_dir)
+
+    def make(n: int, offset: int = 0) -> list[int]:
+        ids = tok(prompt_of_length(n, offset=offset))["input_ids"]
+        assert len(ids) == n
+        return ids
+
+    return make
+
+
+@pytest.fixture(scope="session")
 def host_pool(tmp_path_factory):
     from ascend_testkit.engine import HostPool
 

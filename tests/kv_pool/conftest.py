@@ -23,28 +23,6 @@ def here() -> Path:
 
 
 @pytest.fixture(scope="session")
-def model_dir(tiny_model) -> str:
-    return str(tiny_model)
-
-
-@pytest.fixture(scope="session")
-def token_ids(model_dir):
-    """`token_ids(n, offset)`: a prompt of exactly n token ids (distinct offsets give distinct prompts)."""
-    from transformers import AutoTokenizer
-
-    from ascend_testkit.models.tiny_llama import prompt_of_length
-
-    tok = AutoTokenizer.from_pretrained(model_dir)
-
-    def make(n: int, offset: int = 0) -> list[int]:
-        ids = tok(prompt_of_length(n, offset=offset))["input_ids"]
-        assert len(ids) == n
-        return ids
-
-    return make
-
-
-@pytest.fixture(scope="session")
 def start_master(netns, tmp_path_factory):
     """`start_master(rpc_port, **flags)`: a mooncake_master in the namespace; every one is stopped at session end."""
     from ascend_testkit.mooncake_master import MooncakeMaster

@@ -17,7 +17,7 @@ import pytest
 pytestmark = [pytest.mark.engine, pytest.mark.mooncake]
 
 BLOCK = 128
-MASTER_PORT = 50051
+MASTER_PORT = 27051  # below Linux's ephemeral range (32768-60999), where engines in the namespace take ports
 P2P_PORT = 30400
 MAX_TOKENS = 12
 B_HASHSEED = "22"

@@ -8,34 +8,13 @@ mode). A module's engines are shared by its tests of one lane (`LANES`, a module
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from pathlib import Path
 
 import pytest
 
 HERE = Path(__file__).parent
-
-
-@pytest.fixture(scope="session")
-def model_dir(tiny_model) -> str:
-    return str(tiny_model)
-
-
-@pytest.fixture(scope="session")
-def token_ids(model_dir):
-    """`token_ids(n, offset)`: a prompt of exactly n token ids (distinct offsets give distinct prompts)."""
-    from transformers import AutoTokenizer
-
-    from ascend_testkit.models.tiny_llama import prompt_of_length
-
-    tok = AutoTokenizer.from_pretrained(model_dir)
-
-    def make(n: int, offset: int = 0) -> list[int]:
-        ids = tok(prompt_of_length(n, offset=offset))["input_ids"]
-        assert len(ids) == n
-        return ids
-
-    return make
 
 
 # The simulated lane serves sleep mode (vLLM's CPU platform does not).
@@ -65,6 +44,27 @@ def start_engine(host_pool, netns_host):
         return host
 
     return start
+
+
+@pytest.fixture(scope="session")
+def pd_pair(start_engine, netns):
+    """`with pd_pair(names, common, kv_configs, lane) as (prefill, decode)`: a prefill engine on core 0 and a decode
+    engine on core 1 in the loopback namespace, started together; stopped on exit unless a fault test killed one."""
+
+    @contextlib.contextmanager
+    def pair(names: tuple[str, str], common: dict, kv_configs: tuple[dict, dict], lane: str):
+        hosts = [start_engine(name, common | {"kv_transfer_config": kv}, cpu, netns=netns, wait=False, lane=lane)
+                 for cpu, (name, kv) in enumerate(zip(names, kv_configs, strict=True))]
+        try:
+            for host in hosts:
+                host.started()
+            yield tuple(hosts)
+        finally:
+            for host in hosts:
+                if host.alive:
+                    host.stop()
+
+    return pair
 
 
 @pytest.fixture(scope="module", params=["cpu", "simulated"])

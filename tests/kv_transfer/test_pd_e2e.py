@@ -38,18 +38,11 @@ def _kv_config(role: str, port: int, **extra) -> dict:
 
 
 @pytest.fixture(scope="module")
-def engines(lane, start_engine, model_dir, netns):
+def engines(lane, pd_pair, model_dir):
     common = {"model": model_dir, "block_size": BLOCK_SIZE, "max_model_len": 1024, "max_num_seqs": 8}
-    prefill = start_engine("prefill", common | {"kv_transfer_config": _kv_config("kv_producer", PREFILL_PORT)}, 0,
-                           netns=netns, wait=False, lane=lane)
-    decode = start_engine("decode", common | {"kv_transfer_config": _kv_config("kv_consumer", DECODE_PORT)}, 1,
-                          netns=netns, wait=False, lane=lane)
-    prefill.started()
-    decode.started()
-    yield prefill, decode
-    for host in (prefill, decode):
-        if host.alive:  # a fault test may have killed it
-            host.stop()
+    kv_configs = (_kv_config("kv_producer", PREFILL_PORT), _kv_config("kv_consumer", DECODE_PORT))
+    with pd_pair(("prefill", "decode"), common, kv_configs, lane) as pair:
+        yield pair
 
 
 @pytest.fixture(scope="module")

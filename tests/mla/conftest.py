@@ -41,6 +41,16 @@ def mla_model(cache_root):
 
 
 @pytest.fixture(scope="session")
+def v32_model(cache_root):
+    """A tiny DeepSeek V3.2 (sparse attention): index_topk 16, so long prompts leave most keys unselected."""
+    from ascend_testkit.models.deepseek import TinyDeepseekSpec, cached_tiny_deepseek
+
+    spec = TinyDeepseekSpec(model_type="deepseek_v32", q_lora_rank=32, index_topk=16, index_n_heads=4,
+                            index_head_dim=128)
+    return cached_tiny_deepseek(spec, cache_dir=cache_root / "models")
+
+
+@pytest.fixture(scope="session")
 def mla_prompts() -> list[str]:
     from ascend_testkit.models.tiny_llama import prompt_of_length
 

@@ -14,6 +14,9 @@ the V1 runner once.
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 
 from ascend_testkit.compare import check_logprobs_close
@@ -23,20 +26,12 @@ pytestmark = [pytest.mark.engine]
 
 V32_BLOCK_SIZE = 16
 V32_PROMPT_LENGTHS = (5, 16, 17, 40, 65, 100)  # below index_topk, at block edges, and 2.5-6x index_topk
-V32_SPEC = dict(model_type="deepseek_v32", q_lora_rank=32, index_topk=16, index_n_heads=4, index_head_dim=128)
 
 MAX_TOKENS = 16
 LOGPROBS = 5
 ENGINE = dict(dtype="float32", max_model_len=256, enforce_eager=True, max_num_seqs=4, seed=0,
               block_size=V32_BLOCK_SIZE, max_num_batched_tokens=32, enable_chunked_prefill=True,
               additional_config={"kernel_checks": True})
-
-
-@pytest.fixture(scope="module")
-def v32_model(cache_root):
-    from ascend_testkit.models.deepseek import TinyDeepseekSpec, cached_tiny_deepseek
-
-    return cached_tiny_deepseek(TinyDeepseekSpec(**V32_SPEC), cache_dir=cache_root / "models")
 
 
 @pytest.fixture(scope="module")
@@ -94,7 +89,8 @@ def test_the_indexer_selection_decides_the_output(v32_ours, v32_model, v32_promp
     # Queries that saw index_topk keys or more: in the 40..100-token prompts most keys are left out.
     assert counts["attention.ascend_sfa.full_selections"] > 0
     dense = float64_v32_outputs(v32_model, v32_prompts, MAX_TOKENS, LOGPROBS, index_topk=10**6)
-    long_prompts = [i for i, n in enumerate(V32_PROMPT_LENGTHS) if n > V32_SPEC["index_topk"]]
+    index_topk = json.loads((Path(v32_model) / "config.json").read_text())["index_topk"]
+    long_prompts = [i for i, n in enumerate(V32_PROMPT_LENGTHS) if n > index_topk]
     differs = [i for i in long_prompts if dense[i]["token_ids"] != v32_ours["outputs"][i]["token_ids"]]
     assert differs, "dense attention gave the same tokens as the sparse model on every long prompt"
     # The 5-token prompt stays within index_topk keys for its first 11 positions: there sparse equals dense.

@@ -3,12 +3,13 @@
 `moe_runs` runs each engine once per session and keeps what it saw: outputs with top-5 logprobs, our usage markers
 (counted over the engine's generation only: a single-rank worker lives in its host process, which keeps counting
 across engines), probe results. Our single-rank engines run on the shared hosts: Qwen3-MoE, the scaled-experts model
-(registered in that host process by a probe of the Qwen3-MoE engine) and GLM-4-MoE on the V1 host, DeepSeek on the
-MRV2 one; two-rank engines (tensor / expert parallel, gloo) on "sim-2ranks" (MRV2, the simulated lane's default
-runner), its two workers pinned to one core each.
+(registered in that host process by a probe of the Qwen3-MoE engine) and GLM-4-MoE on the V1 host, DeepSeek and
+Cohere2-MoE on the MRV2 one; two-rank engines (tensor / expert parallel, gloo) on "sim-2ranks" (MRV2, the simulated
+lane's default runner), its two workers pinned to one core each.
 Models: a tiny Qwen3-MoE whose routing is skewed towards the experts of one expert-parallel rank, the same weights
 for the scaled-experts model, a tiny GLM-4-MoE (DeepSeek-V3 routing with a shared expert, standard attention), a
-tiny DeepSeek-V2 MoE (MLA, grouped top-k, a shared expert); the tiny Llama for batch-sharded sampling.
+tiny DeepSeek-V2 MoE (MLA, grouped top-k, a shared expert), a tiny Cohere2-MoE (the model's own custom routing
+function: sigmoid top-k, renormalised); the tiny Llama for batch-sharded sampling.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ def moe_models(cache_root) -> dict[str, str]:
     from ascend_testkit.models.moe import (
         TinyMoeSpec,
         cached_scaled_experts_moe,
+        cached_tiny_cohere2_moe,
         cached_tiny_glm_moe,
         cached_tiny_qwen3_moe,
     )
@@ -49,7 +51,8 @@ def moe_models(cache_root) -> dict[str, str]:
                                 n_group=4, topk_group=2, first_k_dense_replace=1, routed_scaling_factor=2.5)
     folder = cache_root / "models"
     return {"qwen3": str(cached_tiny_qwen3_moe(spec, folder)), "scaled": str(cached_scaled_experts_moe(spec, folder)),
-            "glm": str(cached_tiny_glm_moe(cache_dir=folder)), "deepseek": str(cached_tiny_deepseek(deepseek, folder))}
+            "glm": str(cached_tiny_glm_moe(cache_dir=folder)), "deepseek": str(cached_tiny_deepseek(deepseek, folder)),
+            "cohere": str(cached_tiny_cohere2_moe(cache_dir=folder))}
 
 
 @pytest.fixture(scope="session")
@@ -126,6 +129,12 @@ class MoeRuns:
     def _run_deepseek(self) -> dict:
         return self._run(self.mrv2, self.models["deepseek"], probes=("routed_experts",), **MLA_OURS,
                          additional_config={"kernel_checks": True})
+
+    def _run_cpu_cohere(self) -> dict:
+        return self._run(self.cpu, self.models["cohere"])
+
+    def _run_cohere(self) -> dict:
+        return self._run(self.mrv2, self.models["cohere"], probes=("routed_experts",))
 
     def _run_expert_parallel(self) -> dict:
         """Experts split over two EP ranks with EPLB: generate (A), again across an automatic rebalance (B), then

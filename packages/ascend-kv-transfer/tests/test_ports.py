@@ -2,7 +2,7 @@
 
 import pytest
 
-from ascend_kv_transfer.p2p.ports import Ranks, engine_port, worker_port
+from ascend_kv_transfer.p2p.ports import Ranks, engine_port, peer_offset, worker_port
 
 
 def test_every_rank_gets_its_own_port():
@@ -22,3 +22,18 @@ def test_out_of_range():
         Ranks(tp_rank=2, tp_size=2)
     with pytest.raises(ValueError, match="side_channel_port"):
         worker_port(65535, Ranks(tp_rank=1, tp_size=2))
+
+
+def test_peer_offset_lays_out_by_the_peers_tp_size():
+    base = 30000
+    for pp in range(2):
+        for tp in range(2):
+            me = Ranks(tp_rank=tp, tp_size=2, pp_rank=pp, pp_size=2)
+            # Equal sizes: the peer's worker with our own ranks, i.e. our own port layout.
+            assert base + peer_offset(me, 2, tp) == worker_port(base, me)
+            # A TP=4 peer: its worker of rank r in our pp stage.
+            for r in range(4):
+                assert base + peer_offset(me, 4, r) == worker_port(base, Ranks(tp_rank=r, tp_size=4, pp_rank=pp,
+                                                                                pp_size=2))
+    with pytest.raises(ValueError, match="peer tp_rank=2 outside peer tp_size=2"):
+        peer_offset(Ranks(), 2, 2)

@@ -58,3 +58,41 @@ def test_recompute_policy_is_required():
     _check_failure_policy(SimpleNamespace(kv_load_failure_policy="recompute"))
     with pytest.raises(ValueError, match="kv_load_failure_policy='recompute', got 'fail'"):
         _check_failure_policy(SimpleNamespace(kv_load_failure_policy="fail"))
+
+
+def _mla_vllm(tp: int, use_mla: bool = True, dcp: int = 1):
+    vllm = _vllm(dcp=dcp)
+    vllm.parallel_config.tensor_parallel_size = tp
+    vllm.model_config.use_mla = use_mla
+    return vllm
+
+
+def test_tp_replicated_kv_is_one_object_per_block_for_any_tp_size():
+    from vllm.v1.kv_cache_interface import MLAAttentionSpec
+
+    from ascend_kv_transfer.pool.config_info import engine_rank_sizes, tp_replicated
+
+    cfg = _config(MLAAttentionSpec(block_size=128, num_kv_heads=1, head_size=576, dtype=torch.float32))
+    assert tp_replicated(_mla_vllm(2), cfg) and not tp_replicated(_mla_vllm(2, use_mla=False), cfg)
+    assert not tp_replicated(_mla_vllm(2, dcp=2), cfg)  # DCP deals the latent's tokens out over the TP ranks
+    # MLA engines of any TP size share one namespace and one rank part per block; others keep theirs
+    assert namespace(_mla_vllm(1), cfg, "", 128) == namespace(_mla_vllm(2), cfg, "", 128)
+    heads = _config(_full())
+    assert namespace(_mla_vllm(1, use_mla=False), heads, "", 128) != namespace(_mla_vllm(2, use_mla=False), heads,
+                                                                               "", 128)
+    one = engine_rank_sizes(_mla_vllm(4), replicated=True).all_ranks()
+    assert [r.tag for r in one] == ["tp0-1.pp0-1.pcp0-1.dcp0-1"]
+    assert len(engine_rank_sizes(_mla_vllm(4)).all_ranks()) == 4
+
+
+def test_refinements_of_full_attention_are_stored_and_compressed_mla_is_refused():
+    from vllm.v1.kv_cache_interface import MLAAttentionSpec
+
+    from ascend_core.kv.specs import AscendMLAAttentionSpec
+    from ascend_core.upstream import mla_ratio_kwargs
+
+    latent = dict(block_size=128, num_kv_heads=1, head_size=576, dtype=torch.float32)
+    assert pool_block_tokens(_vllm(), _config(AscendMLAAttentionSpec(**latent))) == 128  # the simulated lane's spec
+    compressed = MLAAttentionSpec(**latent, **mla_ratio_kwargs(4, MLAAttentionSpec))
+    with pytest.raises(ValueError, match="compressed: one state per 4 tokens"):
+        pool_block_tokens(_vllm(), _config(compressed))

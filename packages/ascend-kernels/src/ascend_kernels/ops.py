@@ -423,8 +423,8 @@ def indexer_cache_write(k, k_cache, scale_cache, slot_mapping) -> None:
     current_impl().indexer_cache_write(k, k_cache, scale_cache, slot_mapping)
 
 
-def indexer_topk(q, weights, k_cache, scale_cache, block_table, query_start_loc, seq_lens, *,
-                 topk: int) -> torch.Tensor:
+def indexer_topk(q, weights, k_cache, scale_cache, block_table, query_start_loc, seq_lens, *, topk: int,
+                 query_start_loc_host: list[int] | None = None, seq_lens_host: list[int] | None = None) -> torch.Tensor:
     """The lightning indexer: each query token's `topk` best key positions in its own request.
 
     q `[num_tokens, index_heads, head_dim]` (any float dtype, float8 included; read as float32), weights float
@@ -433,15 +433,20 @@ def indexer_topk(q, weights, k_cache, scale_cache, block_table, query_start_loc,
     `[num_reqs]`; query i of a request with m queries sits at position p = seq_len - m + i). Score of key position
     j <= p: `sum_h weights[t, h] * relu(q[t, h] . k_j)`. Returns int32 `[num_tokens, topk]`: the positions of the
     min(topk, p + 1) highest scores in descending position order, then -1 (rows of padding tokens are all -1).
+    `query_start_loc_host` / `seq_lens_host`: the same lengths as host lists (see the module docstring).
     """
     if _SWITCH.enabled:
         _vs.check_indexer_topk(q, weights, k_cache, scale_cache, block_table, query_start_loc, seq_lens, topk)
+        _v.host_lengths("indexer_topk", "query_start_loc_host", query_start_loc_host, query_start_loc.shape[0])
+        _v.host_lengths("indexer_topk", "seq_lens_host", seq_lens_host, seq_lens.shape[0])
     return current_impl().indexer_topk(q, weights, k_cache, scale_cache, block_table, query_start_loc, seq_lens,
-                                       topk=topk)
+                                       topk=topk, query_start_loc_host=query_start_loc_host,
+                                       seq_lens_host=seq_lens_host)
 
 
 def sparse_mla_attention(q_nope_absorbed, q_rope, latent_cache, rope_cache, block_table, query_start_loc,
-                         topk_positions, *, scale: float, out=None) -> torch.Tensor:
+                         topk_positions, *, scale: float, out=None,
+                         query_start_loc_host: list[int] | None = None) -> torch.Tensor:
     """MLA over each query's selected tokens only (decode and prefill alike, W_UK absorbed into the query).
 
     q_nope_absorbed `[num_tokens, num_heads, kv_lora_rank]`, q_rope `[num_tokens, num_heads, rope_dim]`; caches as in
@@ -449,13 +454,17 @@ def sparse_mla_attention(q_nope_absorbed, q_rope, latent_cache, rope_cache, bloc
     topk_positions int `[>= num_tokens, K]`: the key positions (within the request) each query attends to, -1 for
     none. Logits `scale * (q_nope.latent_j + q_rope.rope_j)` over the selected j, float32 softmax; returns
     `sum_j w_j * latent_j` as `[num_tokens, num_heads, kv_lora_rank]` (rows past `query_start_loc[-1]` and rows
-    that selected nothing are zeros; written into `out` when given).
+    that selected nothing are zeros; written into `out` when given). `query_start_loc_host`: the same offsets as a
+    host list (see the module docstring).
     """
     if _SWITCH.enabled:
         _vs.check_sparse_mla_attention(q_nope_absorbed, q_rope, latent_cache, rope_cache, block_table,
                                        query_start_loc, topk_positions, scale, out)
+        _v.host_lengths("sparse_mla_attention", "query_start_loc_host", query_start_loc_host,
+                        query_start_loc.shape[0])
     return current_impl().sparse_mla_attention(q_nope_absorbed, q_rope, latent_cache, rope_cache, block_table,
-                                               query_start_loc, topk_positions, scale=scale, out=out)
+                                               query_start_loc, topk_positions, scale=scale, out=out,
+                                               query_start_loc_host=query_start_loc_host)
 
 
 # ------------------------------------------------------------------------- context parallelism (PCP)

@@ -92,8 +92,8 @@ def check_sparse_mla_attention(q_nope, q_rope, latent_cache, rope_cache, block_t
         same_device(op, name, cache, q_nope.device, "a cache")
     _requests(op, block_table, query_start_loc, None, q_nope.device)
     index(op, "topk_positions", topk_positions, 2, f"[>= {t}, topk]")
-    if topk_positions.shape[0] < int(query_start_loc[-1]):
-        fail(op, "topk_positions", topk_positions, "[>= query_start_loc[-1], topk] (one row per query token)")
+    if topk_positions.shape[0] < t:  # by shape: query_start_loc's values may live on a device
+        fail(op, "topk_positions", topk_positions, f"[>= {t}, topk] (one row per query token)")
     number(op, "scale", scale, "a positive real number", positive=True)
     if out is not None and (not isinstance(out, torch.Tensor) or out.shape != (t, h, rank)):
         fail(op, "out", out, f"[{t}, {h}, {rank}]")

@@ -24,6 +24,8 @@ from ascend_kv_transfer.pool.config_info import (
     layer_order,
     namespace,
     pool_block_tokens,
+    saves_objects,
+    tp_replicated,
     worker_rank,
 )
 from ascend_kv_transfer.pool.keys import PoolKeys
@@ -74,6 +76,7 @@ class AscendStoreConnector(SplitRoleConnector):
         self.options: StoreOptions = parse_store_options(transfer.kv_connector_extra_config)
         block_tokens = pool_block_tokens(vllm_config, kv_cache_config)
         keys = PoolKeys(namespace(vllm_config, kv_cache_config, self.options.model_key, block_tokens))
+        replicated = tp_replicated(vllm_config, kv_cache_config)
         order = layer_order(kv_cache_config)
         self._scheduler: PoolScheduler | None = None
         self._worker: PoolWorker | None = None
@@ -81,16 +84,17 @@ class AscendStoreConnector(SplitRoleConnector):
             _check_failure_policy(transfer)
             client = self.store_client_cls(self.options, contribute=False, name="scheduler")
             self._scheduler = PoolScheduler(
-                client=client, keys=keys, ranks=engine_rank_sizes(vllm_config).all_ranks(), groups=sorted(order),
+                client=client, keys=keys, ranks=engine_rank_sizes(vllm_config, replicated=replicated).all_ranks(),
+                groups=sorted(order),
                 block_size=block_tokens, save=(transfer.kv_role or "kv_both") != "kv_consumer",
                 save_output_blocks=self.options.save_output_blocks)
         else:
             client = self.store_client_cls(self.options, contribute=True, name="worker")
             self._worker = PoolWorker(
-                client=client, keys=keys, rank=worker_rank(vllm_config), layer_groups=layer_groups(kv_cache_config),
-                layer_order=order, num_blocks=kv_cache_config.num_blocks,
+                client=client, keys=keys, rank=worker_rank(vllm_config, replicated=replicated),
+                layer_groups=layer_groups(kv_cache_config), layer_order=order, num_blocks=kv_cache_config.num_blocks,
                 inline_load_max_bytes=self.options.inline_load_max_bytes,
-                save_wait_timeout_s=self.options.save_wait_timeout_s)
+                save_wait_timeout_s=self.options.save_wait_timeout_s, saves=saves_objects(replicated))
         logger.info("AscendStoreConnector (%s): pool namespace %s, %d tokens per block", role.name, keys.namespace,
                     block_tokens)
         self._deltas = CounterDeltas()
@@ -181,4 +185,4 @@ class AscendStoreConnector(SplitRoleConnector):
         assert self._scheduler is not None
         stats = dict(self._scheduler.stats.__dict__)
         stats["per_request_hits"] = dict(stats["per_request_hits"])
-        return stats | {"pool_enabled": self._scheduler.client.available}
+        return stats | {"pool_enabled": self._scheduler.client.available, "namespace": self._scheduler.keys.namespace}

@@ -46,6 +46,10 @@ def kv_geometry(vllm_config: Any, kv_cache_config: Any) -> KVGeometry:
         tp_size=int(parallel.tensor_parallel_size),
         pp_size=int(parallel.pipeline_parallel_size),
         pcp_size=int(getattr(parallel, "prefill_context_parallel_size", 1) or 1),
+        # MLA's latent has no heads to split: every TP rank caches the same bytes, unless decode context parallelism
+        # deals the tokens out over the TP ranks.
+        tp_replicated=bool(getattr(vllm_config.model_config, "use_mla", False))
+        and int(getattr(parallel, "decode_context_parallel_size", 1) or 1) == 1,
     )
 
 

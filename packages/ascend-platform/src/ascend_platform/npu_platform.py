@@ -15,7 +15,7 @@ from vllm.logger import init_logger
 from vllm.platforms.interface import Platform, PlatformEnum
 
 from ascend_platform.attention.selector import AttentionChoice, register_backend_names, select_attention_backend
-from ascend_platform.attention.validation import AttentionRequest
+from ascend_platform.attention.validation import AttentionConfigError, AttentionRequest
 from ascend_platform.plugin_config import AscendConfig, parse_ascend_config
 
 if TYPE_CHECKING:
@@ -25,7 +25,9 @@ logger = init_logger(__name__)
 
 WORKER_CLS = "ascend_platform.worker.worker.AscendWorker"
 DEFAULT_BLOCK_SIZE = 128
-_COMPRESSED_MODEL_TYPES = frozenset({"deepseek_v4"})
+# Models whose attention is DeepSeek V4's compressed MLA + sparse attention (vLLM's `models/deepseek_v4/`, and
+# `models/deepseek_v41/` ported from it).
+_COMPRESSED_MODEL_TYPES = frozenset({"deepseek_v4", "deepseek_v41"})
 
 _parsed: dict[str, AscendConfig] = {}
 
@@ -87,6 +89,7 @@ class AscendPlatformBase(Platform):
         cls._check_speculative_config(vllm_config)
         cls._check_context_parallel(vllm_config)
         cls._check_mla_hooks(vllm_config)
+        cls._check_compressed_attention(vllm_config, ascend)
         logger.info("Ascend platform (%s lane): %s", "simulated" if cls.simulated else "npu", ascend.model_dump())
 
     @classmethod
@@ -116,6 +119,24 @@ class AscendPlatformBase(Platform):
         refused = mla_hooks_unavailable_reason()
         if refused is not None:
             raise ValueError(f"MLA model {model.model!r} cannot run on the Ascend platform here: {refused}")
+
+    @classmethod
+    def _check_compressed_attention(cls, vllm_config: VllmConfig, ascend: AscendConfig) -> None:
+        """A DeepSeek-V4-style model stops here while its Ascend backend is missing. vLLM's V4 model never asks
+        `get_attn_backend_cls`: it picks its attention classes by platform kind (`vllm/models/deepseek_v4/__init__.py`:
+        CUDA's on anything that is not ROCm, XPU or CPU), so without this check it fails deep in model construction
+        ("DeepseekV4 attention requires a CUDA device") instead of naming what is missing."""
+        model = vllm_config.model_config
+        model_type = getattr(getattr(model, "hf_config", None), "model_type", None)
+        if model is None or model_type not in _COMPRESSED_MODEL_TYPES:
+            return
+        choice = AttentionChoice(use_mla=True, use_sparse=True, compressed=True, is_310p=cls.chip(ascend) == "310P")
+        try:
+            select_attention_backend(choice)
+        except (NotImplementedError, ValueError) as exc:
+            raise AttentionConfigError(
+                f"model {model.model!r} (model_type {model_type!r}, compressed MLA + DeepSeek sparse attention) cannot "
+                f"run on the Ascend platform: {exc}") from exc
 
     @classmethod
     def _update_device_config(cls, vllm_config: VllmConfig) -> None:

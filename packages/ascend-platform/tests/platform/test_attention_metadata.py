@@ -77,3 +77,27 @@ def test_mla_metadata_carries_the_decode_and_prefill_host_lengths():
     prefill = metadata.prefill
     assert prefill.query_start_loc_host == [0, 3] and prefill.seq_lens_host == [7]
     assert prefill.kv_start_loc_host == [0, 7] and prefill.has_context and prefill.max_query_len == 3
+
+
+def test_sfa_metadata_carries_the_host_lengths_and_counts_full_selections_from_them():
+    from vllm.v1.kv_cache_interface import MLAAttentionSpec
+
+    from ascend_kernels import ops
+    from ascend_platform.attention.sfa_backend import AscendSFAMetadataBuilder
+    from ascend_platform.attention.sfa_indexer import full_selections
+
+    spec = MLAAttentionSpec(block_size=16, num_kv_heads=1, head_size=576, dtype=torch.float32)
+    builder = AscendSFAMetadataBuilder(spec, ["layer.0"], SimpleNamespace(speculative_config=None),
+                                       torch.device("cpu"))
+    metadata = builder.build(0, _common())
+    assert metadata.query_start_loc_host == [0, 1, 4] and metadata.seq_lens_host == [20, 7]
+    # The count from lengths equals what the indexer selects: rows whose last pick is a position, not -1.
+    raw = torch.zeros(4, 16, 132, dtype=torch.uint8)
+    keys, scales = raw[..., :128].view(torch.float8_e4m3fn).unsqueeze(2), raw[..., 128:].view(torch.float32)
+    ops.indexer_cache_write(torch.randn(40, 128), keys, scales.unsqueeze(2), torch.arange(40) + 24)
+    qsl, lens = [0, 1, 4, 9], [20, 7, 6]
+    for topk in (4, 6, 7, 8, 21):
+        picks = ops.indexer_topk(torch.randn(9, 2, 128), torch.randn(9, 2), keys, scales.unsqueeze(2),
+                                 torch.tensor([[1, 2], [2, 3], [3, 0]], dtype=torch.int32),
+                                 torch.tensor(qsl, dtype=torch.int32), torch.tensor(lens, dtype=torch.int32), topk=topk)
+        assert full_selections(qsl, lens, topk) == int((picks[:, -1] >= 0).sum()), topk

@@ -43,3 +43,14 @@ def kv_specs(worker: Any) -> dict[str, str]:
             spec = specs[name] if specs is not None else group.kv_cache_spec
             out[name] = f"{type(spec).__module__}.{type(spec).__qualname__}"
     return out
+
+
+def connector_stats(worker: Any) -> dict[str, Any]:
+    """This rank's KV connector counters (`connector_stats()`): the workers of a multi-rank engine run in processes of
+    their own, where the host's `stats` cannot see them."""
+    from vllm.distributed.kv_transfer import get_kv_transfer_group, has_kv_transfer_group
+
+    if not has_kv_transfer_group():
+        return {}
+    connector = get_kv_transfer_group()
+    return connector.connector_stats() if hasattr(connector, "connector_stats") else {}

@@ -39,8 +39,9 @@ def eplb_rebalance(worker: Any) -> dict[str, Any]:
 
 
 def routed_experts(worker: Any) -> list[dict[str, Any]]:
-    """Each routed-experts layer: its class's MRO names, and per local expert the down projection's norm and the
-    loaded per-expert scale when the layer has one (`ScaledExperts`)."""
+    """Each routed-experts layer: its class's MRO names, the name of the model's custom routing function (None when
+    the layer routes by its `scoring_func`), and per local expert the down projection's norm and the loaded
+    per-expert scale when the layer has one (`ScaledExperts`)."""
     from vllm.model_executor.layers.fused_moe.routed_experts import RoutedExperts
 
     model = worker.model_runner.get_model()
@@ -48,7 +49,9 @@ def routed_experts(worker: Any) -> list[dict[str, Any]]:
     for name, module in model.named_modules():
         if isinstance(module, RoutedExperts):
             scale = getattr(module, "w2_scale", None)
+            routing = getattr(module, "custom_routing_function", None)
             out.append({"name": name, "mro": [c.__qualname__ for c in type(module).__mro__[:4]],
+                        "custom_routing": None if routing is None else getattr(routing, "__name__", repr(routing)),
                         "w2_norms": module.w2_weight.detach().float().flatten(1).norm(dim=1).tolist(),
                         "w2_scale": None if scale is None else scale.detach().float().tolist()})
     return out

@@ -42,7 +42,10 @@ def master_binary() -> str:
 
 
 class MooncakeMaster:
-    def __init__(self, netns: LoopbackNamespace, log_path: str | os.PathLike, *, rpc_port: int = 50051,
+    """`mooncake_master` inside a loopback namespace; the default port sits below Linux's ephemeral range
+    (32768-60999), where engines alive in the same namespace take theirs."""
+
+    def __init__(self, netns: LoopbackNamespace, log_path: str | os.PathLike, *, rpc_port: int = 27051,
                  metrics_port: int | None = None, flags: dict[str, object] | None = None, timeout_s: float = 30.0):
         self.netns = netns
         self.rpc_port = rpc_port

@@ -38,8 +38,6 @@ def indexer_cache_write(k: torch.Tensor, k_cache: torch.Tensor, scale_cache: tor
     bs = k_cache.shape[1]
     slots = slot_mapping.flatten()[: k.shape[0]].long()
     keep = slots >= 0
-    if not bool(keep.any()):
-        return
     values, scales = quantize_indexer_keys(k[: slots.shape[0]][keep])
     slots = slots[keep]
     k_cache[slots // bs, slots % bs, 0] = values.to(k_cache.dtype)
@@ -60,13 +58,13 @@ def _request_of_tokens(query_start_loc: torch.Tensor, num_tokens: int) -> torch.
     return torch.searchsorted(starts[1:], tokens, right=True)
 
 
-def indexer_topk(q, weights, k_cache, scale_cache, block_table, query_start_loc, seq_lens, *,
-                 topk: int) -> torch.Tensor:
+def indexer_topk(q, weights, k_cache, scale_cache, block_table, query_start_loc, seq_lens, *, topk: int,
+                 query_start_loc_host=None, seq_lens_host=None) -> torch.Tensor:
     t = q.shape[0]
     out = torch.full((t, topk), -1, dtype=torch.int32, device=q.device)
     bs = k_cache.shape[1]
-    qsl = query_start_loc.tolist()
-    for r, seq_len in enumerate(seq_lens.tolist()):
+    qsl = query_start_loc_host if query_start_loc_host is not None else query_start_loc.tolist()
+    for r, seq_len in enumerate(seq_lens_host if seq_lens_host is not None else seq_lens.tolist()):
         start, end = qsl[r], qsl[r + 1]
         if end <= start or seq_len <= 0:
             continue
@@ -87,10 +85,10 @@ def indexer_topk(q, weights, k_cache, scale_cache, block_table, query_start_loc,
 
 
 def sparse_mla_attention(q_nope_absorbed, q_rope, latent_cache, rope_cache, block_table, query_start_loc,
-                         topk_positions, *, scale: float, out=None) -> torch.Tensor:
+                         topk_positions, *, scale: float, out=None, query_start_loc_host=None) -> torch.Tensor:
     t, h, rank = q_nope_absorbed.shape
     bs = latent_cache.shape[1]
-    num_q = int(query_start_loc[-1])
+    num_q = query_start_loc_host[-1] if query_start_loc_host is not None else int(query_start_loc[-1])
     result = q_nope_absorbed.new_zeros(t, h, rank) if out is None else out
     if num_q < t:
         result[num_q:].zero_()

@@ -1,10 +1,12 @@
 """The transfer agent behind the P2P connector, free of vLLM so benchmarks and tests can drive it with plain tensors.
 
 A producer (prefill) agent registers its KV memory, serves its metadata over the side channel and holds blocks per
-transfer until the consumer reports DONE or `abort_timeout_s` passes; a claim for a transfer not held yet is parked
-(`handoff.PARK_S`). A consumer (decode) agent runs the hand-off protocol of `p2p.handoff` (handshake with the
-geometry check, claim, not-ready back-off, batched reads of coalesced runs, DONE or release); `pull` runs it to the
-end for callers without an engine, through the same driver an engine uses (`p2p.step_driver`).
+transfer until its consumers report DONE (all `readers` of it, or one "unread" notice: another rank with the same
+latent serves the transfer, `p2p.rank_groups`) or `abort_timeout_s` passes; a claim for a transfer not held yet is
+parked (`handoff.PARK_S`), a report for it is remembered until the hold lands. A consumer (decode) agent runs the
+hand-off protocol of `p2p.handoff` (handshake with the geometry check, claim, not-ready back-off, batched reads of
+coalesced runs, DONE or release); `pull` runs it to the end for callers without an engine, through the same driver
+an engine uses (`p2p.step_driver`).
 
 Registering again (the KV memory moved, e.g. after sleep/wake) replaces the registration and bumps the epoch that
 metadata and claims carry, so peers holding the old addresses handshake again; held transfers are freed, since
@@ -33,6 +35,27 @@ logger = logging.getLogger(__name__)
 
 # Remember this many expired transfer ids so a late claim hears "expired" rather than "unknown".
 _EXPIRED_MEMORY = 4096
+# Reports (DONE / unread) that arrived before the transfer's hold, kept for the hold (bounded; dropped after the
+# abort timeout).
+_EARLY_MEMORY = 4096
+
+
+@dataclass
+class Reports:
+    """What the decode side said about one transfer: freed when `reports` reach `readers`."""
+
+    readers: int = 1
+    reports: int = 0
+    read: bool = False
+
+    def add(self, message: schema.DoneNotice) -> None:
+        self.readers = max(self.readers, message.readers)
+        self.reports += 1
+        self.read = self.read or not message.unread
+
+    @property
+    def complete(self) -> bool:
+        return self.reports >= self.readers
 
 
 @dataclass
@@ -41,6 +64,7 @@ class HeldTransfer:
     block_ids: list[list[int]]
     deadline: float
     claimed: bool = False
+    reports: Reports = field(default_factory=Reports)
 
 
 @dataclass
@@ -53,6 +77,8 @@ class AgentStats:
     transfer_calls: int = 0
     held: int = 0
     released_done: int = 0
+    # Freed on an "unread" notice: no decode rank reads this rank's copy of a replicated (MLA) transfer.
+    released_unread: int = 0
     released_expired: int = 0
     errors: list[str] = field(default_factory=list)
 
@@ -61,6 +87,9 @@ class AgentStats:
 
 
 class MooncakeAgent:
+    # The consumer reads one whole prefill rank's pages, so replicated KV (MLA) may cross TP sizes (`rank_groups`).
+    reads_one_replica = True
+
     def __init__(self, *, engine_id: str, geometry: schema.KVGeometry, options: MooncakeOptions,
                  tp_rank: int = 0, pp_rank: int = 0, pcp_rank: int = 0):
         self.engine_id = engine_id
@@ -74,6 +103,7 @@ class MooncakeAgent:
         self._lock = threading.Lock()
         self._held: dict[str, HeldTransfer] = {}
         self._expired: dict[str, None] = {}
+        self._early: dict[str, tuple[float, Reports]] = {}
         self._finished_sends: set[str] = set()
         self._server: SideChannelServer | None = None
         self._client: SideChannelClient | None = None
@@ -136,13 +166,21 @@ class MooncakeAgent:
 
     def hold(self, transfer_id: str, req_id: str, block_ids: list[list[int]]) -> None:
         with self._lock:
-            self._held[transfer_id] = HeldTransfer(req_id, block_ids, time.monotonic() + self.options.abort_timeout_s)
+            held = HeldTransfer(req_id, block_ids, time.monotonic() + self.options.abort_timeout_s)
             self.stats.held += 1
+            early = self._early.pop(transfer_id, None)
+            if early is not None and early[0] > time.monotonic():
+                held.reports = early[1]
+                if held.reports.complete:  # e.g. "unread" before the hold landed: free the blocks at once
+                    self._release(transfer_id, held)
+                    return
+            self._held[transfer_id] = held
 
     def drop(self, transfer_id: str) -> None:
         """The scheduler gave up on a transfer (request aborted): forget it without reporting a send."""
         with self._lock:
             self._held.pop(transfer_id, None)
+            self._early.pop(transfer_id, None)
 
     def take_finished_sends(self) -> set[str]:
         """Request ids whose blocks may be freed: pulled (DONE) or expired unclaimed."""
@@ -173,6 +211,25 @@ class MooncakeAgent:
             logger.warning("freed %d held transfer(s): %s", len(self._held), why)
         self._held.clear()
 
+    def _release(self, transfer_id: str, held: HeldTransfer) -> None:
+        """Every reader reported (caller holds the lock): the blocks may be freed."""
+        self._finished_sends.add(held.req_id)
+        if held.reports.read:
+            self.stats.released_done += 1
+        else:
+            self.stats.released_unread += 1
+
+    def _remember_early(self, message: schema.DoneNotice) -> None:
+        """A report for a transfer not held (caller holds the lock): its hold may be an engine step away."""
+        if message.transfer_id in self._expired:
+            return
+        now = time.monotonic()
+        until, reports = self._early.get(message.transfer_id, (now + self.options.abort_timeout_s, Reports()))
+        reports.add(message)
+        self._early[message.transfer_id] = (until, reports)
+        while len(self._early) > _EARLY_MEMORY or (self._early and next(iter(self._early.values()))[0] < now):
+            self._early.pop(next(iter(self._early)))
+
     def _remember_expired(self, transfer_id: str) -> None:
         self._expired[transfer_id] = None
         while len(self._expired) > _EXPIRED_MEMORY:
@@ -190,15 +247,20 @@ class MooncakeAgent:
                     # Usually the hold is one engine step away: answer the moment it lands, not on a retry.
                     return Deferred(PARK_S, schema.ClaimResponse(status=schema.ClaimStatus.NOT_READY))
                 held.claimed = True
+                held.reports.readers = max(held.reports.readers, message.readers)
                 # The pull is under way: give it a full timeout from now.
                 held.deadline = time.monotonic() + self.options.abort_timeout_s
                 return schema.ClaimResponse(status=schema.ClaimStatus.OK, block_ids=held.block_ids, epoch=self.epoch)
         if isinstance(message, schema.DoneNotice):
             with self._lock:
-                held = self._held.pop(message.transfer_id, None)
-                if held is not None:
-                    self._finished_sends.add(held.req_id)
-                    self.stats.released_done += 1
+                held = self._held.get(message.transfer_id)
+                if held is None:
+                    self._remember_early(message)
+                else:
+                    held.reports.add(message)
+                    if held.reports.complete:
+                        del self._held[message.transfer_id]
+                        self._release(message.transfer_id, held)
             return schema.Ack()
         raise ValueError(f"unexpected side-channel message {type(message).__name__}")
 
@@ -223,7 +285,8 @@ class MooncakeAgent:
         if not isinstance(reply, schema.MetadataResponse) or reply.metadata is None:
             raise RuntimeError(f"peer {address} answered the handshake with {type(reply).__name__}")
         meta = reply.metadata
-        check_geometry(self.geometry, meta.geometry, f"{meta.engine_id}@{address[0]}:{address[1]}")
+        check_geometry(self.geometry, meta.geometry, f"{meta.engine_id}@{address[0]}:{address[1]}",
+                       any_tp_if_replicated=self.reads_one_replica)
         self._peers[address] = meta
         return meta
 

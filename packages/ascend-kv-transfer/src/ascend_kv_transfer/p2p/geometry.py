@@ -13,9 +13,18 @@ class GeometryMismatchError(RuntimeError):
         self.field = field
 
 
-def check_geometry(local: KVGeometry, remote: KVGeometry, peer: str) -> None:
-    """Raise `GeometryMismatchError` naming the first field that differs."""
-    for field in ("block_size", "dtype", "num_kv_heads", "head_size", "layout", "tp_size", "pp_size", "pcp_size"):
+def check_geometry(local: KVGeometry, remote: KVGeometry, peer: str, *, any_tp_if_replicated: bool = False) -> None:
+    """Raise `GeometryMismatchError` naming the first field that differs.
+
+    `any_tp_if_replicated`: the caller reads one whole rank's pages (`p2p.rank_groups`), so when both sides hold
+    the same KV on every TP rank (MLA's latent) their TP sizes may differ; every other field must still match, and
+    the per-layer page sizes are compared by `match_regions`.
+    """
+    fields = ["block_size", "dtype", "num_kv_heads", "head_size", "layout", "tp_replicated", "pp_size", "pcp_size"]
+    if not (any_tp_if_replicated and local.tp_replicated and remote.tp_replicated):
+        # First: with heads split over ranks, a TP mismatch is the cause of any head-count difference.
+        fields.insert(2, "tp_size")
+    for field in fields:
         mine, theirs = getattr(local, field), getattr(remote, field)
         if mine != theirs:
             raise GeometryMismatchError(field, mine, theirs, peer)

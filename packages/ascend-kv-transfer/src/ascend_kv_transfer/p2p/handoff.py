@@ -66,6 +66,8 @@ class Handoff:
     # Monotonic time after which a not-ready answer is final.
     deadline: float
     wait_s: float
+    # Decode ranks that read this transfer from the same prefill rank (`p2p.rank_groups`): claims and DONE say so.
+    readers: int = 1
     started: float = field(default_factory=time.perf_counter)
     meta: schema.AgentMetadata | None = None
     granted: bool = False
@@ -136,7 +138,7 @@ class PullHandoff(Handoff):
     claim_epoch: int | None = None
 
     def _ask(self, agent) -> schema.Message:
-        return schema.ClaimRequest(transfer_id=self.transfer_id, requester=agent.engine_id)
+        return schema.ClaimRequest(transfer_id=self.transfer_id, requester=agent.engine_id, readers=self.readers)
 
     def _on_answer(self, agent, reply: schema.AnyMessage, now: float) -> None:
         if not isinstance(reply, schema.ClaimResponse):

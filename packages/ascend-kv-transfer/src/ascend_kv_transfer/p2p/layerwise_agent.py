@@ -61,6 +61,9 @@ class PushState:
 
 
 class LayerwiseAgent(MooncakeAgent):
+    # The prefill pushes into each decode rank's blocks rank to rank: TP sizes must match (the geometry check says).
+    reads_one_replica = False
+
     def __init__(self, **kwargs):
         super().__init__(**kwargs)
         self._pushes: dict[str, PushState] = {}

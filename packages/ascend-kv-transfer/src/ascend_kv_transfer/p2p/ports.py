@@ -1,8 +1,9 @@
 """The side-channel port scheme: one port per worker, laid out by dp, then pp x pcp, then tp rank.
 
 `port = base + dp_rank * (tp * pp * pcp) + (pp_rank * pcp + pcp_rank) * tp + tp_rank`. The scheduler advertises the
-port of its engine's first worker (the `dp_rank` term); each decode worker adds its own rank offset, which is the
-same on both sides because the handshake insists on equal tp/pp/pcp sizes.
+port of its engine's first worker (the `dp_rank` term) and its TP size; a decode worker adds the offset of the prefill
+worker it talks to (`peer_offset`): same pp and pcp ranks as its own (the handshake insists on equal pp/pcp sizes),
+the TP rank `p2p.rank_groups` picks, laid out by the prefill's TP size.
 """
 
 from __future__ import annotations
@@ -34,6 +35,13 @@ class Ranks:
     @property
     def worker_offset(self) -> int:
         return (self.pp_rank * self.pcp_size + self.pcp_rank) * self.tp_size + self.tp_rank
+
+
+def peer_offset(ranks: Ranks, peer_tp_size: int, peer_tp_rank: int) -> int:
+    """Offset from a peer engine's advertised port to its worker with our pp/pcp ranks and TP rank `peer_tp_rank`."""
+    if not 0 <= peer_tp_rank < peer_tp_size:
+        raise ValueError(f"peer tp_rank={peer_tp_rank} outside peer tp_size={peer_tp_size}")
+    return (ranks.pp_rank * ranks.pcp_size + ranks.pcp_rank) * peer_tp_size + peer_tp_rank
 
 
 def engine_port(base: int, ranks: Ranks) -> int:

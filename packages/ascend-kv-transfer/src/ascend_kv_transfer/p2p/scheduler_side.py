@@ -3,7 +3,8 @@
 `kv_transfer_params` follow vLLM's disaggregation router convention, so existing proxies drive this unchanged:
 the prefill request carries `{do_remote_decode: True, transfer_id?}` (a missing transfer_id is derived from the
 request id); the prefill's output params carry `{do_remote_prefill: True, remote_engine_id, remote_bootstrap_addr,
-remote_host, remote_port, transfer_id, remote_block_ids}` which the decode request passes back.
+remote_host, remote_port, remote_tp_size, transfer_id, remote_block_ids}` which the decode request passes back
+(`remote_tp_size`: the prefill's TP size, so a decode rank finds the prefill rank it reads; missing means equal).
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ class RecvJob:
     local_block_ids: list[list[int]]
     # Leading blocks the decode side already had (local prefix hits); local_block_ids follow them.
     first_block: int = 0
+    # The prefill engine's TP size (None: as ours).
+    remote_tp_size: int | None = None
 
 
 @dataclass
@@ -61,6 +64,7 @@ class P2PScheduler:
         self.is_consumer = role in ("kv_consumer", "kv_both")
         self.options = options
         self.port = engine_port(options.side_channel_port, ranks)
+        self.tp_size = ranks.tp_size
         self.block_size = block_size
         self._step = P2PStep()
         # request id -> external tokens scheduled for loading (the "did not recompute" evidence).
@@ -91,7 +95,8 @@ class P2PScheduler:
                          if num_external_tokens > 0 else [])
                 first = len(blocks.get_block_ids()[0]) - len(local[0]) if local else 0
                 self._step.recv[request.request_id] = RecvJob(str(params["transfer_id"]), address,
-                                                             str(params.get("remote_engine_id", "")), local, first)
+                                                             str(params.get("remote_engine_id", "")), local, first,
+                                                             _remote_tp_size(params))
                 self.loaded_tokens[request.request_id] = num_external_tokens
                 while len(self.loaded_tokens) > 256:  # recent requests only
                     self.loaded_tokens.pop(next(iter(self.loaded_tokens)))
@@ -106,7 +111,8 @@ class P2PScheduler:
             address = parse_address(params)
             if address is not None and params.get("transfer_id"):
                 self._step.recv[request.request_id] = RecvJob(str(params["transfer_id"]), address,
-                                                             str(params.get("remote_engine_id", "")), [])
+                                                             str(params.get("remote_engine_id", "")), [],
+                                                             remote_tp_size=_remote_tp_size(params))
             params["do_remote_prefill"] = False
             return False, None
         if not params.get("do_remote_decode") or not self.is_producer:
@@ -127,6 +133,7 @@ class P2PScheduler:
             "remote_bootstrap_addr": f"{host}:{self.port}",
             "remote_host": host,
             "remote_port": self.port,
+            "remote_tp_size": self.tp_size,
             "transfer_id": transfer_id,
             "remote_block_ids": groups[0],
         }
@@ -134,6 +141,17 @@ class P2PScheduler:
     def build_step(self) -> P2PStep:
         step, self._step = self._step, P2PStep()
         return step
+
+
+def _remote_tp_size(params: dict[str, Any]) -> int | None:
+    value = params.get("remote_tp_size")
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        # A client's bad value must not stop the engine: pair rank to rank (the handshake then names a mismatch).
+        logger.warning("ignoring kv_transfer_params['remote_tp_size']=%r (not a positive int)", value)
+        return None
+    return value
 
 
 def _finished_normally(request: Any) -> bool:

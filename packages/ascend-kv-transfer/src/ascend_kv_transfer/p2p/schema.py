@@ -11,7 +11,8 @@ import enum
 import msgspec
 
 # 2: the registration epoch in AgentMetadata and ClaimResponse (KV memory re-registered after sleep/wake).
-SCHEMA_VERSION = 2
+# 3: KVGeometry.tp_replicated, readers in ClaimRequest/DoneNotice, DoneNotice.unread (MLA across TP sizes).
+SCHEMA_VERSION = 3
 
 
 class LayerRegion(msgspec.Struct, frozen=True):
@@ -40,6 +41,8 @@ class KVGeometry(msgspec.Struct, frozen=True):
     tp_size: int = 1
     pp_size: int = 1
     pcp_size: int = 1
+    # Every TP rank holds the same KV (MLA's latent): peers with another tp_size may read any rank's pages.
+    tp_replicated: bool = False
 
 
 class AgentMetadata(msgspec.Struct, frozen=True):
@@ -79,6 +82,8 @@ class MetadataResponse(Message, tag="metadata_response"):
 class ClaimRequest(Message, tag="claim"):
     transfer_id: str = ""
     requester: str = ""
+    # Decode ranks that read this transfer from this prefill rank (more than one when the decode's TP is larger).
+    readers: int = 1
 
 
 class ClaimResponse(Message, tag="claim_response"):
@@ -90,10 +95,14 @@ class ClaimResponse(Message, tag="claim_response"):
 
 
 class DoneNotice(Message, tag="done"):
-    """The decode side finished with a transfer (`ok=False`: gave up); the prefill side frees its blocks."""
+    """The decode side finished with a transfer (`ok=False`: gave up); the prefill side frees its blocks once all
+    `readers` reported. `unread`: no decode rank reads this transfer from this prefill rank (another rank holding
+    the same latent serves it), so its blocks are free now."""
 
     transfer_id: str = ""
     ok: bool = True
+    readers: int = 1
+    unread: bool = False
 
 
 class Ack(Message, tag="ack"):

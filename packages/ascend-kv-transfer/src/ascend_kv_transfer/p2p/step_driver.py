@@ -62,9 +62,15 @@ class StepDriver:
 
     def add(self, handoff: Handoff) -> None:
         if not any(handoff.local_block_ids):  # nothing to receive: just let the prefill free its blocks
-            self.channel.send(handoff.address, schema.DoneNotice(transfer_id=handoff.transfer_id, ok=False))
+            self.channel.send(handoff.address, schema.DoneNotice(transfer_id=handoff.transfer_id, ok=False,
+                                                                 readers=handoff.readers))
             return
         self._running.append(_Running(handoff))
+
+    def release_unread(self, address: tuple[str, int], transfer_id: str) -> PendingReply:
+        """Tell a prefill rank that nobody reads the transfer from it (a rank with the same latent serves it): it
+        frees its blocks now. Not awaited: if the notice is lost the rank frees them at its abort timeout."""
+        return self.channel.send(address, schema.DoneNotice(transfer_id=transfer_id, ok=True, unread=True))
 
     def waiting(self) -> int:
         return len(self._running)
@@ -144,7 +150,7 @@ class StepDriver:
         self.agent.record(result)
         self.report(h, result)
         # Not awaited: if the notice is lost the prefill frees the blocks at its abort timeout.
-        self.channel.send(h.address, schema.DoneNotice(transfer_id=h.transfer_id, ok=True))
+        self.channel.send(h.address, schema.DoneNotice(transfer_id=h.transfer_id, ok=True, readers=h.readers))
         return True
 
     def _fail(self, run: _Running, error: Exception) -> None:
@@ -154,7 +160,7 @@ class StepDriver:
         result.seconds = time.perf_counter() - h.started
         self.agent.forget_peer(h.address)
         if h.release_after(error):
-            self.channel.send(h.address, schema.DoneNotice(transfer_id=h.transfer_id, ok=False))
+            self.channel.send(h.address, schema.DoneNotice(transfer_id=h.transfer_id, ok=False, readers=h.readers))
         self.agent.record(result)
         self.report(h, result)
 

@@ -1,6 +1,8 @@
 """Worker half of the P2P connector: registers the KV memory, holds blocks (prefill), pulls them (decode).
 
 Hand-offs advance on the engine's own calls (`p2p.step_driver`); results are handed back through `get_finished`.
+A decode worker reads each transfer from the prefill rank `p2p.rank_groups` names (its own TP rank unless the KV is
+replicated over TP, MLA, and the TP sizes differ) and tells the prefill ranks nobody reads to free their blocks.
 A failed pull still reports the request as finished receiving, and its blocks as load errors, so vLLM recomputes
 the prompt instead of decoding from garbage. `register_kv_caches` called again means the KV memory moved (the
 Ascend platform re-allocates it on wake-up): the registration follows it and hand-offs into the old memory fail.
@@ -19,7 +21,8 @@ from ascend_kv_transfer.kv_regions import KVRegions, describe_kv_caches
 from ascend_kv_transfer.options import MooncakeOptions
 from ascend_kv_transfer.p2p.agent import MooncakeAgent
 from ascend_kv_transfer.p2p.handoff import Handoff, PullHandoff, PullResult
-from ascend_kv_transfer.p2p.ports import Ranks, worker_port
+from ascend_kv_transfer.p2p.ports import Ranks, peer_offset, worker_port
+from ascend_kv_transfer.p2p.rank_groups import ReadPlan, plan_reads
 from ascend_kv_transfer.p2p.scheduler_side import P2PStep, RecvJob
 from ascend_kv_transfer.p2p.schema import KVGeometry
 from ascend_kv_transfer.p2p.step_driver import StepDriver
@@ -95,13 +98,34 @@ class P2PWorker:
             self.agent.serve_pending()  # claims that arrived before this hold get it now
         for req_id, job in step.recv.items():
             assert self.is_consumer, "recv job on a worker that is not a KV consumer"
-            self._receive(req_id, job, (job.address[0], job.address[1] + self.ranks.worker_offset))
+            self._receive(req_id, job)
         if self._driver is not None:
             self._driver.advance()
 
-    def _receive(self, req_id: str, job: RecvJob, address: tuple[str, int]) -> None:
+    def read_plan(self, job: RecvJob) -> ReadPlan:
+        prefill_tp = job.remote_tp_size or self.ranks.tp_size
+        return plan_reads(self.ranks.tp_rank, self.ranks.tp_size, prefill_tp, transfer_id=job.transfer_id,
+                          replicated=self.agent.geometry.tp_replicated and self.agent.reads_one_replica)
+
+    def _receive(self, req_id: str, job: RecvJob) -> None:
         assert self._driver is not None
-        self._driver.add(self._handoff(req_id, job, address))
+        prefill_tp = job.remote_tp_size or self.ranks.tp_size
+        try:
+            plan = self.read_plan(job)
+        except ValueError as e:  # TP sizes that do not divide: fail this request (vLLM recomputes), not the engine
+            logger.error("request %s: cannot pull transfer %s: %s", req_id, job.transfer_id, e)
+            if not any(job.local_block_ids):  # an abort's release: nothing to report (the prefill times it out)
+                return
+            result = PullResult(job.transfer_id, ok=False, error=f"{type(e).__name__}: {e}")
+            self.agent.record(result)
+            self._results.put((req_id, job.local_block_ids, result))
+            return
+        host, port = job.address
+        for rank in plan.release:
+            self._driver.release_unread((host, port + peer_offset(self.ranks, prefill_tp, rank)), job.transfer_id)
+        handoff = self._handoff(req_id, job, (host, port + peer_offset(self.ranks, prefill_tp, plan.source)))
+        handoff.readers = plan.readers
+        self._driver.add(handoff)
 
     def _handoff(self, req_id: str, job: RecvJob, address: tuple[str, int]) -> Handoff:
         wait_s = self.options.claim_wait_s

@@ -47,6 +47,7 @@ class PoolWorkerStats:
     save_seconds: float = 0.0
     put_failed_objects: int = 0
     save_errors: int = 0
+    saves_left_to_rank0: int = 0  # save jobs this TP rank skipped: TP rank 0 puts the same bytes
 
 
 @dataclass
@@ -58,8 +59,9 @@ class LoadResult:
 class PoolWorker:
     def __init__(self, *, client: StoreClient, keys: PoolKeys, rank: RankCoords, layer_groups: dict[str, int],
                  layer_order: dict[int, list[str]], num_blocks: int, inline_load_max_bytes: int,
-                 save_wait_timeout_s: float):
+                 save_wait_timeout_s: float, saves: bool = True):
         self.client = client
+        self.saves = saves
         self.keys = keys
         self.rank = rank
         self.layer_groups = layer_groups
@@ -175,6 +177,10 @@ class PoolWorker:
     # ---- saves --------------------------------------------------------------------------------------------------
     def start_saves(self, jobs: list[PoolTransfer]) -> None:
         if not jobs:
+            return
+        if not self.saves:  # nothing pending: the requests are reported as soon as they finish
+            with self._lock:
+                self.stats.saves_left_to_rank0 += len(jobs)
             return
         if self._device_type != "cpu":
             import torch
@@ -292,6 +298,7 @@ class PoolWorker:
             out["pending_saves"] = sum(self._pending_saves.values())
             out["held_requests"] = len(self._awaiting_report)
         out["pool_enabled"] = self.client.available
+        out["namespace"], out["rank"] = self.keys.namespace, self.rank.tag
         return out
 
     def shutdown(self) -> None:

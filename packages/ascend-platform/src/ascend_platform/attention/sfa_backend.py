@@ -27,6 +27,7 @@ from vllm.v1.attention.backend import (
 from vllm.v1.attention.backends.utils import split_decodes_and_prefills
 
 from ascend_platform import usage
+from ascend_platform.attention.backend import step_host_lengths
 from ascend_platform.attention.mla_backend import MLA_BLOCK_MULTIPLE, MLA_KV_CACHE_DTYPES, AscendMLABackend
 from ascend_platform.facade import kernel_ops
 
@@ -88,6 +89,9 @@ class AscendSFAMetadata:
     num_decodes: int
     num_decode_tokens: int
     num_prefills: int
+    # query_start_loc / seq_lens on the host, built once per step for every layer's indexer and attention
+    query_start_loc_host: list[int] | None = None
+    seq_lens_host: list[int] | None = None
     # vLLM's MLA layer reads these: no dense prefill and no separate decode pass, every token takes the MQA path.
     prefill: None = None
     decode: None = None
@@ -99,6 +103,7 @@ class AscendSFAMetadataBuilder(AttentionMetadataBuilder[AscendSFAMetadata]):
 
     def __init__(self, kv_cache_spec, layer_names: list[str], vllm_config, device: torch.device) -> None:
         super().__init__(kv_cache_spec, layer_names, vllm_config, device)
+        self._host_seq_lens_exact = vllm_config.speculative_config is None
 
     def build(self, common_prefix_len: int, common_attn_metadata: CommonAttentionMetadata,
               fast_build: bool = False) -> AscendSFAMetadata:
@@ -109,12 +114,13 @@ class AscendSFAMetadataBuilder(AttentionMetadataBuilder[AscendSFAMetadata]):
         if nd and npf:
             usage.count("attention.ascend_sfa.mixed_batches")
         n = m.num_reqs
+        qsl_host, seq_host = step_host_lengths(m, seq_lens_exact=self._host_seq_lens_exact)
         return AscendSFAMetadata(
             num_reqs=n, max_query_len=m.max_query_len, max_seq_len=m.max_seq_len,
             num_actual_tokens=m.num_actual_tokens, query_start_loc=m.query_start_loc[:n + 1].to(torch.int32),
             slot_mapping=m.slot_mapping, seq_lens=m.seq_lens[:n].to(torch.int32),
             block_table=m.block_table_tensor[:n].to(torch.int32), num_decodes=nd, num_decode_tokens=nd_tokens,
-            num_prefills=npf)
+            num_prefills=npf, query_start_loc_host=qsl_host, seq_lens_host=seq_host)
 
 
 class AscendSFAImpl(MLAAttentionImpl[AscendSFAMetadata]):
@@ -175,7 +181,8 @@ class AscendSFAImpl(MLAAttentionImpl[AscendSFAMetadata]):
         m = attn_metadata
         with usage.timed("kernels.sparse_mla_attention"):
             out = kernel_ops().sparse_mla_attention(q_nope, q_rope, kv.latent, kv.rope, m.block_table,
-                                                    m.query_start_loc, self.topk_indices_buffer, scale=self.scale)
+                                                    m.query_start_loc, self.topk_indices_buffer, scale=self.scale,
+                                                    query_start_loc_host=m.query_start_loc_host)
         usage.count("attention.ascend_sfa.decode_tokens", m.num_decode_tokens)
         usage.count("attention.ascend_sfa.prefill_tokens", m.num_actual_tokens - m.num_decode_tokens)
         return out, None

@@ -42,6 +42,17 @@ def indexer_views(kv_cache: torch.Tensor, head_dim: int) -> tuple[torch.Tensor, 
     return keys, raw[..., head_dim:].view(torch.float32).unsqueeze(2)
 
 
+def full_selections(query_start_loc: list[int], seq_lens: list[int], topk: int) -> int:
+    """How many queries see at least `topk` keys (query i of m sits at position seq_len - m + i, so it sees
+    seq_len - m + i + 1 keys)."""
+    total = 0
+    for r, seq_len in enumerate(seq_lens):
+        m = query_start_loc[r + 1] - query_start_loc[r]
+        first_full = max(topk - (seq_len - m + 1), 0)  # the first query index that sees topk keys
+        total += max(m - first_full, 0)
+    return total
+
+
 def _ascend_indexer_backend(self):
     from ascend_platform.attention.sfa_backend import AscendSFAIndexerBackend
 
@@ -108,12 +119,15 @@ def register_sparse_indexer() -> bool:
                     ops.indexer_cache_write(k[:n], keys, scales, m.slot_mapping[:n])
             with usage.timed("kernels.indexer_topk"):
                 topk = ops.indexer_topk(q_quant[:n], weights[:n], keys, scales, m.block_table, m.query_start_loc,
-                                        m.seq_lens, topk=self.topk_tokens)
+                                        m.seq_lens, topk=self.topk_tokens, query_start_loc_host=m.query_start_loc_host,
+                                        seq_lens_host=m.seq_lens_host)
             self.topk_indices_buffer[:n, : self.topk_tokens] = topk
             self.topk_indices_buffer[n: hidden_states.shape[0]] = -1
             usage.count("attention.ascend_sfa.indexed_tokens", n)
             # Queries whose selection is full: they saw index_topk keys or more (beyond that the rest are dropped).
-            usage.count("attention.ascend_sfa.full_selections", int((topk[:, -1] >= 0).sum()) if n else 0)
+            # Counted from the host lengths: reading the selection back would sync the device once per layer.
+            usage.count("attention.ascend_sfa.full_selections",
+                        full_selections(m.query_start_loc_host, m.seq_lens_host, self.topk_tokens))
             return self.topk_indices_buffer
 
     return True

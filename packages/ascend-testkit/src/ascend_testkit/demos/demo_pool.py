@@ -18,7 +18,7 @@ from pathlib import Path
 
 HELP = "Run two vLLM engines on one Mooncake KV pool: the second serves prefixes the first computed."
 
-MASTER_PORT = 50051
+MASTER_PORT = 27051  # below Linux's ephemeral range (32768-60999), where the engines take their ports
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

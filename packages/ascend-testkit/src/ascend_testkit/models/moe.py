@@ -5,6 +5,8 @@
   `route_skew` makes its routing favour the first half of the experts (a skewed load for EPLB to balance).
 - `cached_tiny_glm_moe(spec)`: a `Glm4MoeForCausalLM`, the DeepSeek-V3 routing family (sigmoid, correction bias,
   grouped top-k, scaling factor) plus a shared expert and a dense first layer, on standard attention.
+- `cached_tiny_cohere2_moe(spec)`: a `Cohere2MoeForCausalLM` with sigmoid expert selection, which vLLM routes
+  through the model's own `custom_routing_function` (`token_choice_with_bias`), plus a shared expert.
 - `cached_scaled_experts_moe(spec)`: the same weights re-saved for `ScaledExpertsQwen3MoeForCausalLM`
   (`ascend_testkit.models.scaled_experts`), whose `RoutedExperts` subclass multiplies each expert's down projection by
   a per-expert `scale` from the checkpoint while loading. The checkpoint stores `down_proj / scale`, so the model
@@ -155,6 +157,60 @@ def build_tiny_glm_moe(path: str | os.PathLike, spec: TinyGlmMoeSpec = TinyGlmMo
 def cached_tiny_glm_moe(spec: TinyGlmMoeSpec = TinyGlmMoeSpec(), cache_dir: str | os.PathLike | None = None) -> Path:
     folder = Path(cache_dir or default_cache_dir()) / f"tiny-glm-moe-{spec.key()}"
     return built_once(folder, lambda tmp: build_tiny_glm_moe(tmp, spec))
+
+
+@dataclass(frozen=True)
+class TinyCohere2MoeSpec:
+    """A Command-A-style MoE: sigmoid top-k with renormalised weights (vLLM's `Cohere2Moe` hands its FusedMoE layer a
+    custom routing function for it) and a shared expert summed in. Every layer is full attention, which Cohere2
+    serves without rotary (NoPE), so no sliding window is involved."""
+
+    hidden_size: int = 64
+    num_layers: int = 2
+    num_heads: int = 2
+    num_kv_heads: int = 1
+    head_dim: int = 32
+    intermediate_size: int = 32  # each routed expert's and (times num_shared_experts) the shared expert's
+    num_experts: int = 8
+    num_experts_per_tok: int = 2
+    num_shared_experts: int = 1
+    vocab_size: int = 1000
+    max_position_embeddings: int = 2048
+    initializer_range: float = 0.5
+    logit_scale: float = 1.0
+    seed: int = 0
+
+    def key(self) -> str:
+        return hashlib.sha256(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()[:12]
+
+
+def build_tiny_cohere2_moe(path: str | os.PathLike, spec: TinyCohere2MoeSpec = TinyCohere2MoeSpec()) -> Path:
+    """Write a random `Cohere2MoeForCausalLM` (sigmoid expert selection) and the word tokenizer to `path`."""
+    import torch
+    from transformers import Cohere2MoeConfig, Cohere2MoeForCausalLM
+
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    save_word_tokenizer(path, spec.vocab_size)
+    config = Cohere2MoeConfig(
+        vocab_size=spec.vocab_size, hidden_size=spec.hidden_size, intermediate_size=spec.intermediate_size,
+        num_hidden_layers=spec.num_layers, num_attention_heads=spec.num_heads, num_key_value_heads=spec.num_kv_heads,
+        head_dim=spec.head_dim, max_position_embeddings=spec.max_position_embeddings, num_experts=spec.num_experts,
+        num_experts_per_tok=spec.num_experts_per_tok, num_shared_experts=spec.num_shared_experts,
+        shared_expert_combination_strategy="sum", expert_selection_fn="sigmoid", norm_topk_prob=True,
+        layer_types=["full_attention"] * spec.num_layers, mlp_layer_types=["sparse"] * spec.num_layers,
+        sliding_window=None, initializer_range=spec.initializer_range, logit_scale=spec.logit_scale,
+        rms_norm_eps=1e-6, pad_token_id=0, bos_token_id=1, eos_token_id=2, tie_word_embeddings=True,
+    )
+    torch.manual_seed(spec.seed)
+    Cohere2MoeForCausalLM(config).to(torch.float32).save_pretrained(path, safe_serialization=True)
+    return path
+
+
+def cached_tiny_cohere2_moe(spec: TinyCohere2MoeSpec = TinyCohere2MoeSpec(),
+                            cache_dir: str | os.PathLike | None = None) -> Path:
+    folder = Path(cache_dir or default_cache_dir()) / f"tiny-cohere2-moe-{spec.key()}"
+    return built_once(folder, lambda tmp: build_tiny_cohere2_moe(tmp, spec))
 
 
 def expert_scale(expert: int) -> float:
