@@ -324,3 +324,17 @@ def test_query_inside_a_fused_qkv_buffer(strided_caches, dtype):
     )
     expected = naive_paged_attention(query, k, v, table, qsl, seq_lens, 32**-0.5, True, None, None)
     torch.testing.assert_close(result.double(), expected, **TOL[dtype])
+
+
+@DTYPES
+def test_requests_split_into_kv_head_groups(strided_caches, monkeypatch, dtype):
+    """A request over the chunk budget runs as groups of KV heads (here one head each), sinks and masks included."""
+    from ascend_kernels.reference import attention
+
+    monkeypatch.setattr(attention, "CHUNK_BYTES", 1)
+    parts = []
+    attend = attention._attend_blocks
+    monkeypatch.setattr(attention, "_attend_blocks", lambda q, k, *a: parts.append(k.shape[0]) or attend(q, k, *a))
+    _run(strided_caches, q_lens=[1, 3, 1], seq_lens=[40, 21, 33], heads=8, kv_heads=4, dtype=dtype, with_sinks=True,
+         window=19)
+    assert parts == [1] * 12  # 3 requests x 4 KV heads, one (request, head) matrix each

@@ -1,17 +1,18 @@
 """Paged attention and MLA decode attention (reference), vectorised over requests.
 
 Requests are processed in chunks of equal query length (decodes together, speculative-decode verifies together, each
-long prefill alone) whose gathered K/V stays under `CHUNK_BYTES`. A chunk gathers its blocks into a reused workspace
-(no per-call allocation of large temporaries, no Python loop per token) and folds the query heads that share a KV
-head into rows (`[n, kv_heads, q_len * group, head]`). Few rows (decode, speculative verify), sinks or a distinct V
-head size: the pages are gathered head-major (`[n, kv_heads, keys, head]`), so the scores are ONE batched matmul
-over every (request, KV head) of the chunk, then one float32 softmax and one output matmul. Few ops per chunk matter
-as much as few bytes: with several intra-op threads every torch op is an OpenMP region whose barrier waits for a
-descheduled thread on a loaded machine (the previous per-(request, block, head) formulation needed about twice the
-ops, with re-layout copies of queries, scores and probabilities, and ran ~2x slower at load ~8 on 2 cores). So the
-block-matmul chunks run on one intra-op thread each, and the caller's N intra-op threads become N Python threads
-that share the chunks (`chunk_threads`: no barrier per op, one wait per call). Many rows (prefill): torch's fused
-scaled_dot_product_attention over the gathered sequence, on the caller's intra-op threads.
+long prefill alone, a long decode's KV heads in groups) whose gathered K/V stays under the threads' share of
+`CHUNK_BYTES`. A chunk gathers its blocks into a reused workspace (no per-call allocation of large temporaries, no
+Python loop per token) and folds the query heads that share a KV head into rows (`[n, kv_heads, q_len * group,
+head]`). Few rows (decode, speculative verify), sinks or a distinct V head size: the pages are gathered head-major
+(`[n, kv_heads, keys, head]`), so the scores are ONE batched matmul over every (request, KV head) of the chunk, then
+one float32 softmax and one output matmul. Few ops per chunk matter as much as few bytes: with several intra-op
+threads every torch op is an OpenMP region whose barrier waits for a descheduled thread on a loaded machine (the
+previous per-(request, block, head) formulation needed about twice the ops, with re-layout copies of queries, scores
+and probabilities, and ran ~2x slower at load ~8 on 2 cores). So the block-matmul chunks run on one intra-op thread
+each, and the caller's N intra-op threads become N Python threads that share the chunks (`chunk_threads`: no barrier
+per op, one wait per call). Many rows (prefill): torch's fused scaled_dot_product_attention over the gathered
+sequence, on the caller's intra-op threads.
 """
 
 from __future__ import annotations
@@ -25,10 +26,14 @@ import torch.nn.functional as F
 
 from ascend_kernels.reference.chunk_threads import run_chunks
 
-# Gathered K+V bytes per chunk: big enough to batch a decode step, small enough to stay near the CPU caches.
-# Measured (one thread, CPU time, benchmarks/kernels.py decode shapes): bfloat16 7.9 ms at 4 MiB vs 8.7 ms at 8 MiB,
-# float32 equal (10.2-10.3 ms at 3-8 MiB), both worse at 1 MiB and at 16 MiB.
-CHUNK_BYTES = 4 << 20
+# Bytes per chunk (gathered K+V, plus the dense K copy reduced precision makes, see _attend_blocks): big enough to
+# batch a decode step, small enough to stay near the CPU caches. One thread (CPU time, benchmarks/kernels.py decode
+# shapes, gathered bytes): bfloat16 7.9 ms at 4 MiB vs 8.7 ms at 8 MiB, float32 equal (10.2-10.3 ms at 3-8 MiB),
+# both worse at 1 MiB and at 16 MiB; i.e. one whole 1,024-token request per chunk (8 MiB float32, 6 MiB bfloat16).
+CHUNK_BYTES = 8 << 20
+# The budget is shared: with N threads each chunk gets CHUNK_BYTES / N, and a request over it is split into groups of
+# KV heads. Measured (2 threads, the benchmark's decode, quiet machine, best of 10): whole-request chunks 7.7-8.4 ms
+# float32 / 4.7 ms bfloat16; 4 KV heads (4 / 3 MiB) 5.5 / 4.2-4.3 ms; 2 heads 5.5 / 4.8-5.0 ms.
 # The MLA decode's chunks (its own measurements, at the former shared 8 MiB).
 MLA_CHUNK_BYTES = 8 << 20
 # Up to this many query rows per KV head (q_len * heads per KV head) use the block-batched matmuls; more use SDPA.
@@ -170,8 +175,9 @@ def _chunks(qlens: list[int], ctx_blocks: list[int], bytes_per_block: int, limit
 
 
 def _page_reader(key_cache: torch.Tensor, value_cache: torch.Tensor, table: torch.Tensor):
-    """One call's gather of head-major pages: `read(blocks, nbk)` (blocks: `[n, >= nbk]` block ids, or a slice of
-    `table`'s rows) -> (k, v), each `[n * hkv, nbk * block_size, head]` (one matrix per (request, KV head)).
+    """One call's gather of head-major pages: `read(blocks, nbk, kv_heads)` (blocks: `[n, >= nbk]` block ids, or a
+    slice of `table`'s rows; kv_heads a slice of KV heads) -> (k, v), each `[n * heads, nbk * block_size, head]`
+    (one matrix per (request, KV head)).
 
     The allocator's packed K|V caches take ONE index_select of whole (block, head) K|V pages per chunk (half the
     DRAM streams of two gathers), with each block's first page row computed once per call; other layouts fall back
@@ -182,13 +188,13 @@ def _page_reader(key_cache: torch.Tensor, value_cache: torch.Tensor, table: torc
     pages = _page_rows(packed) if packed is not None else None
     if pages is None:
 
-        def read_any(rows, nbk: int):
+        def read_any(rows, nbk: int, kv_heads: slice = slice(None)):
             blocks = table[rows, :nbk] if isinstance(rows, slice) else rows[:, :nbk]
             if packed is not None:
-                kv = _gather_pages("kv", packed, blocks).flatten(0, 1)
+                kv = _gather_pages("kv", packed[:, :, kv_heads], blocks).flatten(0, 1)
                 return kv[..., :d], kv[..., d:]
-            return (_gather_pages("k", key_cache, blocks).flatten(0, 1),
-                    _gather_pages("v", value_cache, blocks).flatten(0, 1))
+            return (_gather_pages("k", key_cache[:, :, kv_heads], blocks).flatten(0, 1),
+                    _gather_pages("v", value_cache[:, :, kv_heads], blocks).flatten(0, 1))
 
         return read_any
     page_rows, per_block, first = pages
@@ -196,11 +202,11 @@ def _page_reader(key_cache: torch.Tensor, value_cache: torch.Tensor, table: torc
     heads = torch.arange(hkv, device=table.device)[:, None]
     page_ids = (table * per_block + first)[:, None, :] + heads  # [r, hkv, width]: page row of (request, head, j)
 
-    def read_pages(rows, nbk: int):
+    def read_pages(rows, nbk: int, kv_heads: slice = slice(None)):
         if isinstance(rows, slice):
-            index = page_ids[rows, :, :nbk].reshape(-1)
+            index = page_ids[rows, kv_heads, :nbk].reshape(-1)
         else:
-            index = ((rows[:, :nbk] * per_block + first)[:, None, :] + heads).view(-1)
+            index = ((rows[:, :nbk] * per_block + first)[:, None, :] + heads[kv_heads]).view(-1)
         dst = _workspace("kv", (index.numel(), bs * 2 * d), packed.dtype, packed.device)
         torch.index_select(page_rows, 0, index, out=dst)
         kv = dst.view(-1, nbk * bs, 2 * d)
@@ -283,23 +289,37 @@ def paged_attention(
         out[starts[-1] :].zero_()
     qlens = [starts[i + 1] - starts[i] for i in range(r)]
     ctx_blocks = [-(-n // bs) for n in lens]
-    per_block = bs * hkv * (d + dv) * key_cache.element_size()
+    per_block = bs * hkv * (d + dv + (d if key_cache.dtype != torch.float32 else 0)) * key_cache.element_size()
     device = query.device
     table = block_table.long().clamp(0, key_cache.shape[0] - 1)  # never in place: the caller's table may be long
 
     def by_blocks(m: int) -> bool:  # else torch's fused attention, which tiles a long prefill's [rows, keys] problem
         return sinks is not None or dv != d or m * g <= SMALL_ROWS
 
-    chunks = _chunks(qlens, ctx_blocks, per_block, CHUNK_BYTES)
+    threads = torch.get_num_threads()
+    limit = max(1, CHUNK_BYTES // max(1, threads))
+    chunks = _chunks(qlens, ctx_blocks, per_block, limit)
     read = None
     if any(by_blocks(qlens[idx[0]]) for idx in chunks):
         read = _page_reader(key_cache, value_cache, table)
 
-    def attend(idx: list[int]) -> tuple[slice | torch.Tensor, torch.Tensor]:
-        """(token rows, their outputs `[rows, hq, dv]`) of one chunk of requests with equal q_len."""
+    def head_groups(idx: list[int]) -> list[tuple[list[int], slice]]:
+        """A chunk's (requests, KV heads) parts: a lone request over the budget is split into groups of KV heads."""
+        if len(idx) > 1 or not by_blocks(qlens[idx[0]]) or ctx_blocks[idx[0]] * per_block <= limit:
+            return [(idx, slice(None))]
+        groups = min(hkv, -(-ctx_blocks[idx[0]] * per_block // limit))
+        size = -(-hkv // groups)
+        return [(idx, slice(h, min(h + size, hkv))) for h in range(0, hkv, size)]
+
+    def attend(part: tuple[list[int], slice]) -> tuple[slice | torch.Tensor, slice, torch.Tensor]:
+        """(token rows, query heads, their outputs `[rows, heads, dv]`) of one chunk of requests with equal q_len."""
+        idx, kv_heads = part
         n, m = len(idx), qlens[idx[0]]
         nbk = max(ctx_blocks[i] for i in idx)
         length = nbk * bs
+        h0, h1, _ = kv_heads.indices(hkv)
+        hh = h1 - h0
+        q_heads = slice(h0 * g, h1 * g)
         if idx[-1] - idx[0] == n - 1:  # consecutive requests (a decode batch): views instead of index ops
             sel = slice(idx[0], idx[-1] + 1)
             rows = slice(starts[idx[0]], starts[idx[-1] + 1])
@@ -313,17 +333,18 @@ def paged_attention(
             q = query.index_select(0, rows)
             ctx = seq_lens.index_select(0, sel)
             blocks = table.index_select(0, sel)
-        # [n*m, hq, d] -> [n * hkv, m*g, d]: the g query heads of a KV head become rows of one matrix (a view for
+        # [n*m, heads, d] -> [n * hh, m*g, d]: the g query heads of a KV head become rows of one matrix (a view for
         # decodes, m == 1, of a query whose tokens are contiguous).
-        q = q.reshape(n * hkv, g, d) if m == 1 else q.view(n, m, hkv, g, d).transpose(1, 2).reshape(n * hkv, m * g, d)
+        q = q.view(n, m, hkv, g, d)[:, :, kv_heads]
+        q = q.reshape(n * hh, g, d) if m == 1 else q.transpose(1, 2).reshape(n * hh, m * g, d)
         everything_visible = m == 1 and all(lens[i] == length for i in idx)
         everything_visible = everything_visible and (sliding_window is None or sliding_window >= length)
         mask = None if everything_visible else _mask(ctx.long(), m, g, length, causal, sliding_window)
         if by_blocks(m):
             sink_rows = None
             if sinks is not None:
-                sink_rows = sinks.float().view(1, hkv, 1, g, 1).expand(1, hkv, m, g, 1).reshape(1, hkv, m * g, 1)
-            k, v = read(blocks, nbk)
+                sink_rows = sinks[q_heads].float().view(1, hh, 1, g, 1).expand(1, hh, m, g, 1).reshape(1, hh, m * g, 1)
+            k, v = read(blocks, nbk, kv_heads)
             o = _attend_blocks(q, k, v, mask, scale, sink_rows)
         else:
             blocks = table[blocks, :nbk] if isinstance(blocks, slice) else blocks[:, :nbk]
@@ -331,24 +352,23 @@ def paged_attention(
             v = _gather_sequence("v", value_cache, blocks).transpose(1, 2)
             o = F.scaled_dot_product_attention(q.view(n, hkv, m * g, d), k, v, attn_mask=mask, scale=scale)
         if m == 1:
-            return rows, o.view(n, hq, dv)
-        return rows, o.view(n, hkv, m, g, dv).transpose(1, 2).reshape(n * m, hq, dv)
+            return rows, q_heads, o.view(n, hh * g, dv)
+        return rows, q_heads, o.view(n, hh, m, g, dv).transpose(1, 2).reshape(n * m, hh * g, dv)
 
-    def store(rows: slice | torch.Tensor, o: torch.Tensor) -> None:
+    def store(rows: slice | torch.Tensor, q_heads: slice, o: torch.Tensor) -> None:
         if isinstance(rows, slice):
-            out[rows].copy_(o)
+            out[rows, q_heads].copy_(o)
         else:
-            out.index_copy_(0, rows, o.to(out.dtype))
+            out[:, q_heads].index_copy_(0, rows, o.to(out.dtype))
 
-    threads = torch.get_num_threads()
     with _one_intra_op_thread():  # many small ops per chunk: see _one_intra_op_thread for why
         # The caller's intra-op threads become threads sharing whole chunks (see chunk_threads for why).
-        done = run_chunks(attend, [idx for idx in chunks if by_blocks(qlens[idx[0]])], threads)
-        for rows, o in done:
-            store(rows, o)
+        parts = [part for idx in chunks if by_blocks(qlens[idx[0]]) for part in head_groups(idx)]
+        for done in run_chunks(attend, parts, threads):
+            store(*done)
     for idx in chunks:  # long prefills: few large fused ops, on the caller's intra-op threads
         if not by_blocks(qlens[idx[0]]):
-            store(*attend(idx))
+            store(*attend((idx, slice(None))))
     return out
 
 
