@@ -276,3 +276,65 @@ def test_one_thread_window_works_where_a_bound_worker_froze_set_num_threads(monk
         assert torch.get_num_threads() == 2 and calls == []
     finally:
         torch._C.set_num_threads(previous)
+
+
+@DTYPES
+def test_chunks_shared_between_two_threads_match(strided_caches, monkeypatch, dtype):
+    """With two intra-op threads the chunks run on two Python threads (each its own workspaces) at the same time:
+    the first two chunks each wait for the other to start, so one thread alone would break the barrier."""
+    import threading
+
+    from ascend_kernels.reference import attention
+
+    monkeypatch.setattr(attention, "CHUNK_BYTES", 1)  # one request per chunk
+    both_started = threading.Barrier(2, timeout=30)
+    calls = []
+    attend = attention._attend_blocks
+
+    def first_two_meet(*args):
+        calls.append(threading.get_ident())
+        if len(calls) <= 2:
+            both_started.wait()
+        return attend(*args)
+
+    monkeypatch.setattr(attention, "_attend_blocks", first_two_meet)
+    previous = torch.get_num_threads()
+    torch._C.set_num_threads(2)
+    try:
+        _run(strided_caches, q_lens=[1, 1, 4, 1, 1, 2], seq_lens=[40, 17, 33, 5, 64, 20], heads=8, kv_heads=2,
+             dtype=dtype)
+        assert len(set(calls)) == 2 and torch.get_num_threads() == 2
+    finally:
+        torch._C.set_num_threads(previous)
+
+
+@DTYPES
+def test_query_inside_a_fused_qkv_buffer(strided_caches, dtype):
+    """The query as the model hands it: a slice of a wider per-token buffer, its tokens not contiguous."""
+    _, k, v = strided_caches(12, 16, 2, 32, 32, dtype)
+    gen = torch.Generator().manual_seed(3)
+    qkv = torch.randn(4, (8 + 2 * 2) * 32, generator=gen).to(dtype)
+    query = qkv[:, : 8 * 32].view(4, 8, 32)
+    assert not query.is_contiguous()
+    table = [[3, 7, 1], [0, 5, 9], [2, 4, 11], [6, 8, 10]]
+    qsl, seq_lens = [0, 1, 2, 3, 4], [40, 33, 17, 48]
+    result = ops.paged_attention(
+        query, k, v, torch.tensor(table, dtype=torch.int32), torch.tensor(qsl, dtype=torch.int32),
+        torch.tensor(seq_lens, dtype=torch.int32), scale=32**-0.5,
+    )
+    expected = naive_paged_attention(query, k, v, table, qsl, seq_lens, 32**-0.5, True, None, None)
+    torch.testing.assert_close(result.double(), expected, **TOL[dtype])
+
+
+@DTYPES
+def test_requests_split_into_kv_head_groups(strided_caches, monkeypatch, dtype):
+    """A request over the chunk budget runs as groups of KV heads (here one head each), sinks and masks included."""
+    from ascend_kernels.reference import attention
+
+    monkeypatch.setattr(attention, "CHUNK_BYTES", 1)
+    parts = []
+    attend = attention._attend_blocks
+    monkeypatch.setattr(attention, "_attend_blocks", lambda q, k, *a: parts.append(k.shape[0]) or attend(q, k, *a))
+    _run(strided_caches, q_lens=[1, 3, 1], seq_lens=[40, 21, 33], heads=8, kv_heads=4, dtype=dtype, with_sinks=True,
+         window=19)
+    assert parts == [1] * 12  # 3 requests x 4 KV heads, one (request, head) matrix each

@@ -1,29 +1,39 @@
 """Paged attention and MLA decode attention (reference), vectorised over requests.
 
 Requests are processed in chunks of equal query length (decodes together, speculative-decode verifies together, each
-long prefill alone) whose gathered K/V stays under `CHUNK_BYTES`. A chunk gathers its blocks into a reused workspace
-(no per-call allocation of large temporaries, no Python loop per token) and folds the query heads that share a KV
-head into rows (`[n, kv_heads, q_len * group, head]`). Few rows (decode, speculative verify), sinks or a distinct V
-head size: the pages are gathered head-major (`[n, kv_heads, keys, head]`), so the scores are ONE batched matmul
-over every (request, KV head) of the chunk, then one float32 softmax and one output matmul. Few ops per chunk matter
-as much as few bytes: with several intra-op threads every torch op is an OpenMP region whose barrier waits for a
-descheduled thread on a loaded machine (the previous per-(request, block, head) formulation needed about twice the
-ops, with re-layout copies of queries, scores and probabilities, and ran ~2x slower at load ~8 on 2 cores). Many
-rows (prefill): torch's fused scaled_dot_product_attention over the gathered sequence.
+long prefill alone, a long decode's KV heads in groups) whose gathered K/V stays under the threads' share of
+`CHUNK_BYTES`. A chunk gathers its blocks into a reused workspace (no per-call allocation of large temporaries, no
+Python loop per token) and folds the query heads that share a KV head into rows (`[n, kv_heads, q_len * group,
+head]`). Few rows (decode, speculative verify), sinks or a distinct V head size: the pages are gathered head-major
+(`[n, kv_heads, keys, head]`), so the scores are ONE batched matmul over every (request, KV head) of the chunk, then
+one float32 softmax and one output matmul. Few ops per chunk matter as much as few bytes: with several intra-op
+threads every torch op is an OpenMP region whose barrier waits for a descheduled thread on a loaded machine (the
+previous per-(request, block, head) formulation needed about twice the ops, with re-layout copies of queries, scores
+and probabilities, and ran ~2x slower at load ~8 on 2 cores). So the block-matmul chunks run on one intra-op thread
+each, and the caller's N intra-op threads become N Python threads that share the chunks (`chunk_threads`: no barrier
+per op, one wait per call). Many rows (prefill): torch's fused scaled_dot_product_attention over the gathered
+sequence, on the caller's intra-op threads.
 """
 
 from __future__ import annotations
 
 import contextlib
+import math
 import threading
 
 import torch
 import torch.nn.functional as F
 
-# Gathered K+V bytes per chunk: big enough to batch a decode step, small enough to stay near the CPU caches.
-# Measured (one thread, CPU time, benchmarks/kernels.py decode shapes): bfloat16 7.9 ms at 4 MiB vs 8.7 ms at 8 MiB,
-# float32 equal (10.2-10.3 ms at 3-8 MiB), both worse at 1 MiB and at 16 MiB.
-CHUNK_BYTES = 4 << 20
+from ascend_kernels.reference.chunk_threads import run_chunks
+
+# Bytes per chunk (gathered K+V, plus the dense K copy reduced precision makes, see _attend_blocks): big enough to
+# batch a decode step, small enough to stay near the CPU caches. One thread (CPU time, benchmarks/kernels.py decode
+# shapes, gathered bytes): bfloat16 7.9 ms at 4 MiB vs 8.7 ms at 8 MiB, float32 equal (10.2-10.3 ms at 3-8 MiB),
+# both worse at 1 MiB and at 16 MiB; i.e. one whole 1,024-token request per chunk (8 MiB float32, 6 MiB bfloat16).
+CHUNK_BYTES = 8 << 20
+# The budget is shared: with N threads each chunk gets CHUNK_BYTES / N, and a request over it is split into groups of
+# KV heads. Measured (2 threads, the benchmark's decode, quiet machine, best of 10): whole-request chunks 7.7-8.4 ms
+# float32 / 4.7 ms bfloat16; 4 KV heads (4 / 3 MiB) 5.5 / 4.2-4.3 ms; 2 heads 5.5 / 4.8-5.0 ms.
 # The MLA decode's chunks (its own measurements, at the former shared 8 MiB).
 MLA_CHUNK_BYTES = 8 << 20
 # Up to this many query rows per KV head (q_len * heads per KV head) use the block-batched matmuls; more use SDPA.
@@ -63,9 +73,7 @@ def _workspace(tag: str, shape: tuple[int, ...], dtype: torch.dtype, device: tor
 
     Keyed by thread as well, so concurrent callers never share a buffer.
     """
-    numel = 1
-    for s in shape:
-        numel *= s
+    numel = math.prod(shape)
     key = (tag, dtype, device, threading.get_ident())
     buf = _WORKSPACE.get(key)
     if buf is None or buf.numel() < numel:
@@ -166,38 +174,72 @@ def _chunks(qlens: list[int], ctx_blocks: list[int], bytes_per_block: int, limit
     return chunks
 
 
-def _attend_blocks(q, key_cache, value_cache, blocks, mask, scale, sink_rows):
+def _page_reader(key_cache: torch.Tensor, value_cache: torch.Tensor, table: torch.Tensor):
+    """One call's gather of head-major pages: `read(blocks, nbk, kv_heads)` (blocks: `[n, >= nbk]` block ids, or a
+    slice of `table`'s rows; kv_heads a slice of KV heads) -> (k, v), each `[n * heads, nbk * block_size, head]`
+    (one matrix per (request, KV head)).
+
+    The allocator's packed K|V caches take ONE index_select of whole (block, head) K|V pages per chunk (half the
+    DRAM streams of two gathers), with each block's first page row computed once per call; other layouts fall back
+    to `_gather_pages`.
+    """
+    d = key_cache.shape[3]
+    packed = _packed_kv(key_cache, value_cache)
+    pages = _page_rows(packed) if packed is not None else None
+    if pages is None:
+
+        def read_any(rows, nbk: int, kv_heads: slice = slice(None)):
+            blocks = table[rows, :nbk] if isinstance(rows, slice) else rows[:, :nbk]
+            if packed is not None:
+                kv = _gather_pages("kv", packed[:, :, kv_heads], blocks).flatten(0, 1)
+                return kv[..., :d], kv[..., d:]
+            return (_gather_pages("k", key_cache[:, :, kv_heads], blocks).flatten(0, 1),
+                    _gather_pages("v", value_cache[:, :, kv_heads], blocks).flatten(0, 1))
+
+        return read_any
+    page_rows, per_block, first = pages
+    _, bs, hkv, _ = key_cache.shape
+    heads = torch.arange(hkv, device=table.device)[:, None]
+    page_ids = (table * per_block + first)[:, None, :] + heads  # [r, hkv, width]: page row of (request, head, j)
+
+    def read_pages(rows, nbk: int, kv_heads: slice = slice(None)):
+        if isinstance(rows, slice):
+            index = page_ids[rows, kv_heads, :nbk].reshape(-1)
+        else:
+            index = ((rows[:, :nbk] * per_block + first)[:, None, :] + heads[kv_heads]).view(-1)
+        dst = _workspace("kv", (index.numel(), bs * 2 * d), packed.dtype, packed.device)
+        torch.index_select(page_rows, 0, index, out=dst)
+        kv = dst.view(-1, nbk * bs, 2 * d)
+        return kv[..., :d], kv[..., d:]
+
+    return read_pages
+
+
+def _attend_blocks(q, k, v, mask, scale, sink_rows):
     """Attention over head-major gathered pages: one batched matmul for the scores, one for the output.
 
-    q `[n, hkv, rows, d]`; blocks `[n, nbk]`; mask `[n, 1, rows, nbk * bs]` or None (everything visible); float32
-    softmax, with per-row sink logits `[1, hkv, rows, 1]` joining the denominator when given. Scores are `q @ K^T`
-    (rows x keys), the orientation BLAS runs ~3x faster than `K @ q^T` for a handful of rows. Packed K|V caches are
-    gathered in one pass (half the DRAM streams of two gathers). Returns `[n, hkv, rows, dv]` in q's dtype.
+    q `[n * hkv, rows, d]`; k, v `[n * hkv, keys, d]` / `[.., dv]`; mask `[n, 1, rows, keys]` or None (everything
+    visible); softmax in float32, with per-row sink logits `[1, hkv, rows, 1]` joining the denominator when given.
+    Three-dimensional operands throughout: the call count per chunk is what a decode step pays for (~2 us each).
+    Scores are `q @ K^T` (rows x keys), the orientation BLAS runs ~3x faster than `K @ q^T` for a handful of rows.
+    Reduced-precision scores go to softmax as they are: torch's CPU softmax computes in float32 internally and
+    rounds once, which is what the float() -> softmax -> to() round trip did in three ops. Returns
+    `[n * hkv, rows, dv]` in q's dtype.
     """
-    n, hkv, rows, d = q.shape
-    packed = _packed_kv(key_cache, value_cache)
-    if packed is not None:
-        kv = _gather_pages("kv", packed, blocks)
-        k, v = kv[..., :d], kv[..., d:]
-    else:
-        k = _gather_pages("k", key_cache, blocks)
-        v = _gather_pages("v", value_cache, blocks)
-    length = k.shape[2]
     if k.dtype != torch.float32 and not k.is_contiguous():
         # oneDNN's reduced-precision GEMM is ~2-8x slower on a strided K^T than a copy plus a dense one.
-        k = _workspace("k_dense", tuple(k.shape), k.dtype, k.device).copy_(k)
-    s = torch.bmm((q * scale).reshape(n * hkv, rows, d), k.reshape(n * hkv, length, d).transpose(1, 2))
-    s = s.view(n, hkv, rows, length).float()
-    if mask is not None:
-        s.masked_fill_(~mask, float("-inf"))
+        k = _workspace("k_dense", k.shape, k.dtype, k.device).copy_(k)
+    s = torch.bmm(q * scale, k.transpose(1, 2))
+    if mask is not None:  # [n * hkv, rows, keys] seen as [n, hkv, rows, keys]
+        s.view(mask.shape[0], -1, *s.shape[1:]).masked_fill_(~mask, float("-inf"))
     if sink_rows is None:
         p = torch.softmax(s, dim=-1)
     else:
+        s = s.float().view(-1, *sink_rows.shape[1:3], s.shape[2])
         top = torch.maximum(s.amax(dim=-1, keepdim=True), sink_rows)
         e = torch.exp(s - top)
-        p = e / (e.sum(dim=-1, keepdim=True) + torch.exp(sink_rows - top))
-    o = torch.bmm(p.to(q.dtype).view(n * hkv, rows, length), v.reshape(n * hkv, length, v.shape[3]))
-    return o.view(n, hkv, rows, -1)
+        p = (e / (e.sum(dim=-1, keepdim=True) + torch.exp(sink_rows - top))).to(q.dtype).flatten(0, 1)
+    return torch.bmm(p, v)
 
 
 def _mask(ctx, m, g, length, causal, sliding_window):
@@ -247,50 +289,86 @@ def paged_attention(
         out[starts[-1] :].zero_()
     qlens = [starts[i + 1] - starts[i] for i in range(r)]
     ctx_blocks = [-(-n // bs) for n in lens]
-    per_block = bs * hkv * (d + dv) * key_cache.element_size()
+    per_block = bs * hkv * (d + dv + (d if key_cache.dtype != torch.float32 else 0)) * key_cache.element_size()
     device = query.device
     table = block_table.long().clamp(0, key_cache.shape[0] - 1)  # never in place: the caller's table may be long
 
     def by_blocks(m: int) -> bool:  # else torch's fused attention, which tiles a long prefill's [rows, keys] problem
         return sinks is not None or dv != d or m * g <= SMALL_ROWS
 
-    def attend(idx: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-        """(token rows, their outputs `[rows, hq, dv]`) of one chunk of requests with equal q_len."""
+    threads = torch.get_num_threads()
+    limit = max(1, CHUNK_BYTES // max(1, threads))
+    chunks = _chunks(qlens, ctx_blocks, per_block, limit)
+    read = None
+    if any(by_blocks(qlens[idx[0]]) for idx in chunks):
+        read = _page_reader(key_cache, value_cache, table)
+
+    def head_groups(idx: list[int]) -> list[tuple[list[int], slice]]:
+        """A chunk's (requests, KV heads) parts: a lone request over the budget is split into groups of KV heads."""
+        if len(idx) > 1 or not by_blocks(qlens[idx[0]]) or ctx_blocks[idx[0]] * per_block <= limit:
+            return [(idx, slice(None))]
+        groups = min(hkv, -(-ctx_blocks[idx[0]] * per_block // limit))
+        size = -(-hkv // groups)
+        return [(idx, slice(h, min(h + size, hkv))) for h in range(0, hkv, size)]
+
+    def attend(part: tuple[list[int], slice]) -> tuple[slice | torch.Tensor, slice, torch.Tensor]:
+        """(token rows, query heads, their outputs `[rows, heads, dv]`) of one chunk of requests with equal q_len."""
+        idx, kv_heads = part
         n, m = len(idx), qlens[idx[0]]
         nbk = max(ctx_blocks[i] for i in idx)
-        sel = torch.tensor(idx, device=device)
-        blocks = table.index_select(0, sel)[:, :nbk]
-        first = torch.tensor([starts[i] for i in idx], device=device)
-        rows = (first[:, None] + torch.arange(m, device=device)).reshape(-1)  # token index of each (req, i)
-        # [n*m, hq, d] -> [n, hkv, m*g, d]: the g query heads of a KV head become rows of one matrix.
-        q = query.index_select(0, rows).view(n, m, hkv, g, d).permute(0, 2, 1, 3, 4).reshape(n, hkv, m * g, d)
         length = nbk * bs
+        h0, h1, _ = kv_heads.indices(hkv)
+        hh = h1 - h0
+        q_heads = slice(h0 * g, h1 * g)
+        if idx[-1] - idx[0] == n - 1:  # consecutive requests (a decode batch): views instead of index ops
+            sel = slice(idx[0], idx[-1] + 1)
+            rows = slice(starts[idx[0]], starts[idx[-1] + 1])
+            q = query[rows]
+            ctx = seq_lens[sel]  # a view: free unless a mask reads it
+            blocks = sel
+        else:
+            sel = torch.tensor(idx, device=device)
+            first = torch.tensor([starts[i] for i in idx], device=device)
+            rows = (first[:, None] + torch.arange(m, device=device)).reshape(-1)  # token index of each (req, i)
+            q = query.index_select(0, rows)
+            ctx = seq_lens.index_select(0, sel)
+            blocks = table.index_select(0, sel)
+        # [n*m, heads, d] -> [n * hh, m*g, d]: the g query heads of a KV head become rows of one matrix (a view for
+        # decodes, m == 1, of a query whose tokens are contiguous).
+        q = q.view(n, m, hkv, g, d)[:, :, kv_heads]
+        q = q.reshape(n * hh, g, d) if m == 1 else q.transpose(1, 2).reshape(n * hh, m * g, d)
         everything_visible = m == 1 and all(lens[i] == length for i in idx)
         everything_visible = everything_visible and (sliding_window is None or sliding_window >= length)
-        mask = (
-            None
-            if everything_visible
-            else _mask(seq_lens.index_select(0, sel).long(), m, g, length, causal, sliding_window)
-        )
+        mask = None if everything_visible else _mask(ctx.long(), m, g, length, causal, sliding_window)
         if by_blocks(m):
             sink_rows = None
             if sinks is not None:
-                sink_rows = sinks.float().view(1, hkv, 1, g, 1).expand(1, hkv, m, g, 1).reshape(1, hkv, m * g, 1)
-            o = _attend_blocks(q, key_cache, value_cache, blocks, mask, scale, sink_rows)
+                sink_rows = sinks[q_heads].float().view(1, hh, 1, g, 1).expand(1, hh, m, g, 1).reshape(1, hh, m * g, 1)
+            k, v = read(blocks, nbk, kv_heads)
+            o = _attend_blocks(q, k, v, mask, scale, sink_rows)
         else:
+            blocks = table[blocks, :nbk] if isinstance(blocks, slice) else blocks[:, :nbk]
             k = _gather_sequence("k", key_cache, blocks).transpose(1, 2)  # [n, hkv, L, d]
             v = _gather_sequence("v", value_cache, blocks).transpose(1, 2)
-            o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
-        return rows, o.view(n, hkv, m, g, dv).permute(0, 2, 1, 3, 4).reshape(n * m, hq, dv).to(out.dtype)
+            o = F.scaled_dot_product_attention(q.view(n, hkv, m * g, d), k, v, attn_mask=mask, scale=scale)
+        if m == 1:
+            return rows, q_heads, o.view(n, hh * g, dv)
+        return rows, q_heads, o.view(n, hh, m, g, dv).transpose(1, 2).reshape(n * m, hh * g, dv)
 
-    chunks = _chunks(qlens, ctx_blocks, per_block, CHUNK_BYTES)
+    def store(rows: slice | torch.Tensor, q_heads: slice, o: torch.Tensor) -> None:
+        if isinstance(rows, slice):
+            out[rows, q_heads].copy_(o)
+        else:
+            out[:, q_heads].index_copy_(0, rows, o.to(out.dtype))
+
     with _one_intra_op_thread():  # many small ops per chunk: see _one_intra_op_thread for why
-        for idx in chunks:
-            if by_blocks(qlens[idx[0]]):
-                out.index_copy_(0, *attend(idx))
+        # The caller's intra-op threads become threads sharing whole chunks (see chunk_threads for why).
+        parts = [part for idx in chunks if by_blocks(qlens[idx[0]]) for part in head_groups(idx)]
+        for done in run_chunks(attend, parts, threads):
+            store(*done)
     for idx in chunks:  # long prefills: few large fused ops, on the caller's intra-op threads
         if not by_blocks(qlens[idx[0]]):
-            out.index_copy_(0, *attend(idx))
+            store(*attend((idx, slice(None))))
     return out
 
 
