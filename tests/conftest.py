@@ -80,6 +80,20 @@ def token_ids(model_dir):
 
 
 @pytest.fixture(scope="session")
+def prompt_token_ids():
+    """`prompt_token_ids(model, lengths, stride)`: {"len<n>": the ids of an n-token prompt} in the model's tokenizer."""
+    from transformers import AutoTokenizer
+
+    from ascend_testkit.models.tiny_llama import prompt_of_length
+
+    def make(model, lengths, stride: int) -> dict[str, list[int]]:
+        tok = AutoTokenizer.from_pretrained(str(model))
+        return {f"len{n}": tok(prompt_of_length(n, offset=stride * n))["input_ids"] for n in lengths}
+
+    return make
+
+
+@pytest.fixture(scope="session")
 def host_pool(tmp_path_factory):
     from ascend_testkit.engine import HostPool
 

@@ -50,12 +50,8 @@ def mla_dir(cache_root) -> str:
 
 
 @pytest.fixture(scope="module")
-def prompt_ids(mla_dir) -> list[int]:
-    from transformers import AutoTokenizer
-
-    from ascend_testkit.models.tiny_llama import prompt_of_length
-
-    ids = AutoTokenizer.from_pretrained(mla_dir)(prompt_of_length(PROMPT_TOKENS, offset=11))["input_ids"]
+def prompt_ids(prompt_token_ids, mla_dir) -> list[int]:
+    (ids,) = prompt_token_ids(mla_dir, [PROMPT_TOKENS], 0).values()
     assert len(ids) == PROMPT_TOKENS
     return ids
 

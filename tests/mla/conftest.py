@@ -163,20 +163,6 @@ def pd_pair(netns_host):
 
 
 @pytest.fixture(scope="session")
-def prompt_token_ids():
-    """`prompt_token_ids(model, lengths, stride)`: {"len<n>": the ids of an n-token prompt} in the model's tokenizer."""
-    from transformers import AutoTokenizer
-
-    from ascend_testkit.models.tiny_llama import prompt_of_length
-
-    def make(model, lengths, stride: int) -> dict[str, list[int]]:
-        tok = AutoTokenizer.from_pretrained(str(model))
-        return {f"len{n}": tok(prompt_of_length(n, offset=stride * n))["input_ids"] for n in lengths}
-
-    return make
-
-
-@pytest.fixture(scope="session")
 def disaggregate():
     """`disaggregate(prefill, decode, prompts, max_tokens, tag)` -> (the prefill engine's own outputs, the decode
     engine's outputs after a remote prefill, the decode engine's connector stats). The prefill engine's prefix cache

@@ -77,13 +77,8 @@ def pairs(host_pool, netns, netns_host, mla_model):
 
 
 @pytest.fixture(scope="module")
-def token_ids(mla_model):
-    from transformers import AutoTokenizer
-
-    from ascend_testkit.models.tiny_llama import prompt_of_length
-
-    tok = AutoTokenizer.from_pretrained(str(mla_model))
-    return {f"len{n}": tok(prompt_of_length(n, offset=7 * n))["input_ids"] for n in LENGTHS}
+def token_ids(prompt_token_ids, mla_model):
+    return prompt_token_ids(mla_model, LENGTHS, 7)
 
 
 def _wait(check, timeout_s: float) -> bool:
