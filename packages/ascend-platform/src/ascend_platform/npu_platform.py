@@ -25,6 +25,7 @@ logger = init_logger(__name__)
 
 WORKER_CLS = "ascend_platform.worker.worker.AscendWorker"
 DEFAULT_BLOCK_SIZE = 128
+DSV4_BLOCK_SIZE = 256
 # Models whose attention is DeepSeek V4's compressed MLA + sparse attention (vLLM's `models/deepseek_v4/`, and
 # `models/deepseek_v41/` ported from it).
 _COMPRESSED_MODEL_TYPES = frozenset({"deepseek_v4", "deepseek_v41"})
@@ -43,6 +44,10 @@ def _attention_request(selector: Any, vllm_config: Any, hf_config: Any) -> Atten
         pcp_size=int(getattr(parallel, "prefill_context_parallel_size", 1) or 1),
         dcp_size=int(getattr(parallel, "decode_context_parallel_size", 1) or 1),
         latent_size=latent)
+
+
+def _model_type(vllm_config: Any) -> str | None:
+    return getattr(getattr(vllm_config.model_config, "hf_config", None), "model_type", None)
 
 
 def ascend_config_of(vllm_config: VllmConfig) -> AscendConfig:
@@ -122,21 +127,32 @@ class AscendPlatformBase(Platform):
 
     @classmethod
     def _check_compressed_attention(cls, vllm_config: VllmConfig, ascend: AscendConfig) -> None:
-        """A DeepSeek-V4-style model stops here while its Ascend backend is missing. vLLM's V4 model never asks
+        """A DeepSeek-V4-style model stops here when the Ascend platform cannot build it. vLLM's V4 model never asks
         `get_attn_backend_cls`: it picks its attention classes by platform kind (`vllm/models/deepseek_v4/__init__.py`:
-        CUDA's on anything that is not ROCm, XPU or CPU), so without this check it fails deep in model construction
-        ("DeepseekV4 attention requires a CUDA device") instead of naming what is missing."""
+        CUDA's on anything that is not ROCm, XPU or CPU). The worker registers Ascend's V4 model instead
+        (`ascend_platform.models.deepseek_v4`), built on vLLM's device-neutral V4 implementation; V4.1 has none
+        (CUDA and ROCm only), so without these checks it would fail deep in model construction ("DeepseekV4
+        attention requires a CUDA device") instead of naming what is missing."""
         model = vllm_config.model_config
         model_type = getattr(getattr(model, "hf_config", None), "model_type", None)
         if model is None or model_type not in _COMPRESSED_MODEL_TYPES:
             return
+        what = f"model {model.model!r} (model_type {model_type!r}, compressed MLA + DeepSeek sparse attention)"
         choice = AttentionChoice(use_mla=True, use_sparse=True, compressed=True, is_310p=cls.chip(ascend) == "310P")
         try:
             select_attention_backend(choice)
         except (NotImplementedError, ValueError) as exc:
+            raise AttentionConfigError(f"{what} cannot run on the Ascend platform: {exc}") from exc
+        if model_type != "deepseek_v4":
             raise AttentionConfigError(
-                f"model {model.model!r} (model_type {model_type!r}, compressed MLA + DeepSeek sparse attention) cannot "
-                f"run on the Ascend platform: {exc}") from exc
+                f"{what} cannot run on the Ascend platform: the ASCEND_DSA layers are built on vLLM's device-neutral "
+                f"DeepSeek V4 implementation, and vLLM has none for {model_type} (its V4.1 attention is CUDA/ROCm "
+                f"only)")
+        from ascend_core.upstream import deepseek_v4_unavailable_reason
+
+        refused = deepseek_v4_unavailable_reason()
+        if refused is not None:
+            raise AttentionConfigError(f"{what} cannot run on the Ascend platform (ASCEND_DSA): {refused}")
 
     @classmethod
     def _update_device_config(cls, vllm_config: VllmConfig) -> None:
@@ -162,6 +178,14 @@ class AscendPlatformBase(Platform):
     @classmethod
     def _decide_block_size(cls, vllm_config: VllmConfig, ascend: AscendConfig) -> None:
         cache = vllm_config.cache_config
+        if _model_type(vllm_config) == "deepseek_v4":
+            # V4's cache groups share pages: a 256-token latent block of ratio 4 is 64 compressed rows, the page of
+            # 4 compressor states (vLLM's V4 backends take 256 only).
+            wanted = cache.block_size if cache.user_specified_block_size else ascend.block_size
+            if wanted not in (None, DSV4_BLOCK_SIZE):
+                raise ValueError(f"DeepSeek V4 on Ascend needs block_size={DSV4_BLOCK_SIZE}, got {wanted}")
+            cache.block_size = DSV4_BLOCK_SIZE
+            return
         if not cache.user_specified_block_size:
             cache.block_size = ascend.block_size or DEFAULT_BLOCK_SIZE
         if cache.block_size % 16:

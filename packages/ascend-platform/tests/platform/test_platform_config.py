@@ -128,5 +128,11 @@ def test_attention_selection_through_the_platform(make_config):
         assert SimulatedNPUPlatform.get_attn_backend_cls(None, sel._replace(use_mla=True, use_sparse=True)) \
             == SFA_BACKEND
     assert "ASCEND_SFA" in AttentionBackendEnum.__members__
-    with pytest.raises(NotImplementedError, match="ASCEND_DSA"):  # DeepSeek V4's compressed sparse attention
-        select_attention_backend(AttentionChoice(use_mla=True, use_sparse=True, compressed=True, is_310p=False))
+    from ascend_platform.attention.selector import DSA_BACKEND
+
+    # DeepSeek V4's compressed sparse attention: the backend its compressed layers name (ascend_platform.models)
+    assert select_attention_backend(AttentionChoice(use_mla=True, use_sparse=True, compressed=True,
+                                                    is_310p=False)) == DSA_BACKEND
+    assert "ASCEND_DSA" in AttentionBackendEnum.__members__
+    with pytest.raises(NotImplementedError, match="ASCEND_MLA_COMPRESSED"):  # compressed MLA without the indexer
+        select_attention_backend(AttentionChoice(use_mla=True, use_sparse=False, compressed=True, is_310p=False))

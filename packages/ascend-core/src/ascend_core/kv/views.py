@@ -2,7 +2,8 @@
 
 A page cell (one head, one stored state) holds `C` bytes. Plain attention packs K then V there (as vLLM does);
 MLA packs latent, rope, then scales; the indexer packs its key then scales; Mamba packs its states one after the
-other in a single cell per block. Every view here is a strided view of the same bytes, never a copy.
+other in a single cell per block; DeepSeek V4's fp8_ds_mla rows are packed cells its kernels decode themselves.
+Every view here is a strided view of the same bytes, never a copy.
 """
 
 from __future__ import annotations
@@ -52,7 +53,15 @@ class MambaState:
     tensors: tuple[torch.Tensor, ...]
 
 
-LayerKV = AttentionKV | MLAKV | IndexerKV | MambaState
+@dataclass(frozen=True)
+class PackedKV:
+    """Cells `[num_blocks, block_size, 1, C]` (uint8) in a packed quantised format only the layer's own kernels
+    decode: DeepSeek V4's fp8_ds_mla rows (448 fp8 NoPE bytes, 64 bf16 rope values, 8 UE8M0 scale bytes)."""
+
+    cells: torch.Tensor
+
+
+LayerKV = AttentionKV | MLAKV | IndexerKV | MambaState | PackedKV
 
 
 def _dtype_size(dtype: torch.dtype) -> int:
@@ -101,6 +110,8 @@ def build_layer_kv(byte_view: torch.Tensor, spec: Any, layer: str) -> LayerKV:
         rope_bytes = spec.rope_head_dim * size
         return MLAKV(_part(byte_view, 0, head_bytes - rope_bytes, dtype, layer),
                      _part(byte_view, head_bytes - rope_bytes, rope_bytes, dtype, layer), scale)
+    if getattr(spec, "state_content_bytes", None) is not None and size == 1:
+        return PackedKV(_part(byte_view, 0, content, torch.uint8, layer))
     if getattr(spec, "state_content_bytes", None) is not None or content % size:
         raise KVLayoutError(f"layer {layer!r}: {type(spec).__name__} packs {content}-byte cells in a quantised "
                             f"format; no K/V views for it")

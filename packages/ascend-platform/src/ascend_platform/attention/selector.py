@@ -16,13 +16,16 @@ ATTENTION_BACKEND = f"{_PKG}.backend.AscendAttentionBackend"
 ATTENTION_310P_BACKEND = f"{_PKG}.backend.Ascend310PAttentionBackend"
 MLA_BACKEND = f"{_PKG}.mla_backend.AscendMLABackend"
 SFA_BACKEND = f"{_PKG}.sfa_backend.AscendSFABackend"
+# DeepSeek V4's layers name their backends themselves (vLLM's V4 model never asks the platform); this is the one its
+# compressed sparse layers name, built on by `ascend_platform.models.deepseek_v4`.
+DSA_BACKEND = "ascend_platform.models.deepseek_v4.backends.AscendDSABackend"
 
 # (use_mla, use_sparse, compressed) -> backend class path, or None where the backend is not built yet.
 BACKENDS: dict[tuple[bool, bool, bool], str | None] = {
     (False, False, False): ATTENTION_BACKEND,
     (True, False, False): MLA_BACKEND,
     (True, True, False): SFA_BACKEND,  # SFA: sparse flash attention (DeepSeek V3.2)
-    (True, True, True): None,  # DSA with the compressed indexer cache (DeepSeek V4)
+    (True, True, True): DSA_BACKEND,  # DSA with the compressed indexer cache (DeepSeek V4)
     (True, False, True): None,  # compressed MLA
 }
 NAMES = {
@@ -51,7 +54,7 @@ def register_backend_names() -> None:
     from ascend_core.upstream import register_attention_backend
 
     for name, path in (("ASCEND", ATTENTION_BACKEND), ("ASCEND_310P", ATTENTION_310P_BACKEND),
-                       ("ASCEND_MLA", MLA_BACKEND), ("ASCEND_SFA", SFA_BACKEND)):
+                       ("ASCEND_MLA", MLA_BACKEND), ("ASCEND_SFA", SFA_BACKEND), ("ASCEND_DSA", DSA_BACKEND)):
         register_attention_backend(name, path)
 
 

@@ -1,4 +1,5 @@
-"""DeepSeek V3.2's lightning indexer on Ascend: the out-of-tree `SparseAttnIndexer` over `ascend_kernels`.
+"""DeepSeek V3.2's lightning indexer on Ascend: the out-of-tree `SparseAttnIndexer` over `ascend_kernels` (V4's
+compressed indexer goes to `dsv4_indexer`).
 
 vLLM's `Indexer` module projects the indexer query (rotated, fp8-quantized per 128 elements with its scale folded
 into the per-head weights) and key, then calls its `SparseAttnIndexer` custom op, whose in-tree forwards are CUDA,
@@ -95,18 +96,24 @@ def register_sparse_indexer() -> bool:
     class AscendSparseAttnIndexer(SparseAttnIndexer):
         def __init__(self, *args, **kwargs) -> None:
             super().__init__(*args, **kwargs)
-            if self.use_fp4_cache or self.compress_ratio != 1 or self.use_pcp or self.dcp_world_size > 1:
+            if self.use_fp4_cache or self.use_pcp or self.dcp_world_size > 1:
                 raise NotImplementedError(
-                    f"Ascend sparse indexer serves DeepSeek V3.2's fp8 indexer without context parallelism; got "
+                    f"Ascend sparse indexer serves DeepSeek V3.2's and V4's fp8 indexers without context "
+                    f"parallelism; got "
                     f"use_fp4_cache={self.use_fp4_cache}, compress_ratio={self.compress_ratio}, "
                     f"pcp={self.use_pcp}, dcp_world_size={self.dcp_world_size}")
             if self.quant_block_size != INDEXER_QUANT_BLOCK or self.head_dim % INDEXER_QUANT_BLOCK:
                 raise NotImplementedError(f"Ascend sparse indexer: quant block {self.quant_block_size} / head_dim "
                                           f"{self.head_dim} (needs {INDEXER_QUANT_BLOCK} and a multiple of it)")
-            _use_ascend_indexer_backend()
+            if self.compress_ratio == 1:  # V3.2's cache layers; V4's name their Ascend backend themselves
+                _use_ascend_indexer_backend()
 
         def forward_oot(self, hidden_states: torch.Tensor, q_quant, k: torch.Tensor | None,
                         weights: torch.Tensor) -> torch.Tensor:
+            if self.compress_ratio > 1:  # DeepSeek V4: compressed keys, written by the indexer's compressor
+                from ascend_platform.attention.dsv4_indexer import dsv4_indexer_topk
+
+                return dsv4_indexer_topk(self, q_quant, weights)
             metadata = get_forward_context().attn_metadata
             if not isinstance(metadata, dict) or self.k_cache.prefix not in metadata:
                 return self.topk_indices_buffer  # profiling / dummy run: no cache yet

@@ -50,8 +50,15 @@ class AscendMoEMethod(UnquantizedFusedMoEMethod):
         with usage.timed("kernels.fused_moe"):
             return kernel_ops().fused_moe(x, layer.w13_weight, layer.w2_weight, topk_weights, local_ids,
                                           w13_bias=getattr(layer, "w13_bias", None) if self.moe.has_bias else None,
-                                          w2_bias=getattr(layer, "w2_bias", None) if self.moe.has_bias else None)
+                                          w2_bias=getattr(layer, "w2_bias", None) if self.moe.has_bias else None,
+                                          **_swiglu_limit(self.moe))
 
     def apply_monolithic(self, layer: Any, x: torch.Tensor, router_logits: torch.Tensor,
                          input_ids: torch.Tensor | None = None) -> torch.Tensor:
         return layer.forward_monolithic(x, router_logits, input_ids)
+
+
+def _swiglu_limit(moe: Any) -> dict[str, float]:
+    """DeepSeek V4's experts clamp their gate and up projections (`swiglu_limit`); other models pass nothing."""
+    limit = getattr(moe, "swiglu_limit", None)
+    return {} if limit is None else {"swiglu_limit": float(limit)}

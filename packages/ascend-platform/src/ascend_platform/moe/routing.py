@@ -3,7 +3,8 @@
 A routed-experts layer carries its model's routing choice as attributes (`top_k`, `renormalize`, `scoring_func`,
 `use_grouped_topk`, `num_expert_group`, `topk_group`, `e_score_correction_bias`, `routed_scaling_factor`,
 `custom_routing_function`); vLLM's own routers read the same attributes. Qwen3-MoE is softmax top-k with
-renormalised weights; DeepSeek-V2 is grouped softmax; DeepSeek-V3 sigmoid with a correction bias (noaux_tc).
+renormalised weights; DeepSeek-V2 is grouped softmax; DeepSeek-V3 sigmoid with a correction bias (noaux_tc);
+DeepSeek-V4 sqrt(softplus) with the correction bias.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import torch
 from ascend_platform import usage
 from ascend_platform.facade import kernel_ops
 
-SCORING_FUNCS = ("softmax", "sigmoid")
+SCORING_FUNCS = ("softmax", "sigmoid", "sqrtsoftplus")
 
 
 def check_routing(layer: Any) -> None:

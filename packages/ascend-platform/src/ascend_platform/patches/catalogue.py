@@ -164,3 +164,13 @@ SFA_INDEXER_QUERY_QUANT = REGISTRY.register(Patch(
              "scales) it returns.",
     params=("x", "group_size", "column_major_scales", "use_ue8m0"),
 ))
+DSV4_ATTENTION_CLASS = REGISTRY.register(Patch(
+    name="dsv4.attention_class",
+    target="vllm.models.deepseek_v4.cpu.model:DeepseekV4CPUAttention",
+    kind="class",
+    reason="vLLM's device-neutral DeepSeek V4 decoder layer builds its attention from this module global (no class "
+           "hook); AscendDeepseekV4ForCausalLM swaps in AscendDeepseekV4Attention (the CPU layer with its fused "
+           "ops on ascend_kernels) only while it builds its own model, then restores it.",
+    contract="DeepseekV4DecoderLayer.__init__ calls DeepseekV4CPUAttention(vllm_config, prefix=..., "
+             "topk_indices_buffer=...) by its module-global name.",
+))

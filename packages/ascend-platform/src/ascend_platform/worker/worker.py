@@ -52,6 +52,11 @@ class AscendWorkerMixin:
         usage.note("kernel_backend", kernel_backend_name())
         usage.note("kernel_checks", ascend.kernel_checks)
         runner = cls(self.vllm_config, self.device)
+        if getattr(self.vllm_config.model_config.hf_config, "model_type", None) == "deepseek_v4":
+            from ascend_platform.models.deepseek_v4 import register_deepseek_v4
+
+            # Per process, before the runner builds the model: vLLM's own V4 entry would pick CUDA's classes.
+            register_deepseek_v4()
         if self.vllm_config.speculative_config is not None:
             import ascend_specdecode
             from ascend_core.upstream import dflash2_unavailable_reason

@@ -1,0 +1,1 @@
+"""Models whose upstream implementation cannot run on Ascend as vLLM picks it (see each subpackage)."""
