@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import math
+from types import SimpleNamespace
+
 import pytest
 import torch
 
@@ -39,3 +42,74 @@ def _strided_caches(num_blocks, block_size, heads, head_size, head_size_v, dtype
 @pytest.fixture
 def strided_caches():
     return _strided_caches
+
+
+# ------------------------------------------------------------------ DeepSeek V4: naive codecs of vLLM's byte layouts
+
+_FP8_GRID = torch.arange(127, dtype=torch.uint8).view(torch.float8_e4m3fn).double()  # bytes 0..126: 0..448
+
+
+def _fp8_bytes(x: torch.Tensor, *, flush: bool) -> torch.Tensor:
+    """float64 values within +-448 -> e4m3fn bytes: the nearest grid value, ties to the even byte (mantissa LSB),
+    values under 2^-6 to signed zero when `flush`. Independent of torch's own float8 cast."""
+    a = x.double().abs().flatten()
+    dist = (a.unsqueeze(1) - _FP8_GRID).abs()
+    nearest = dist == dist.min(dim=1, keepdim=True).values
+    even = nearest & (torch.arange(127) % 2 == 0)
+    byte = torch.where(even.any(1), even.int().argmax(1), nearest.int().argmax(1))
+    if flush:
+        byte = torch.where(a < 2.0**-6, 0, byte)
+    sign = (torch.signbit(x.double().flatten())).int() * 0x80
+    return (byte | sign).to(torch.uint8).view(x.shape)
+
+
+def _ds_mla_record(cache_2d: torch.Tensor, block_size: int, slot: int, nope: int, rope: int = 64):
+    """One fp8_ds_mla record, read byte by byte: (fp8 bytes [nope], exponent bytes [nope // 64], pad byte,
+    rope float64 [rope], dequantized float64 [nope + rope])."""
+    row = cache_2d[slot // block_size]
+    p = slot % block_size
+    token_bytes, scale_bytes = nope + 2 * rope, nope // 64 + 1
+    record = row[p * token_bytes: (p + 1) * token_bytes].clone()
+    scales = row[block_size * token_bytes + p * scale_bytes: block_size * token_bytes + (p + 1) * scale_bytes]
+    values = record[:nope].view(torch.float8_e4m3fn).double()
+    factor = torch.tensor([2.0 ** (int(e) - 127) for e in scales[:-1]], dtype=torch.float64)
+    rope_values = record[nope:].view(torch.bfloat16).double()
+    deq = torch.cat(((values.view(-1, 64) * factor.unsqueeze(1)).flatten(), rope_values))
+    return record[:nope], scales[:-1].clone(), int(scales[-1]), rope_values, deq
+
+
+def _indexer_record(cache_2d: torch.Tensor, block_size: int, slot: int, head_dim: int):
+    """One indexer record: (fp8 bytes [head_dim], float32 scale as a Python float)."""
+    row = cache_2d[slot // block_size]
+    p = slot % block_size
+    values = row[p * head_dim: (p + 1) * head_dim].clone()
+    scale = row[block_size * head_dim + 4 * p: block_size * head_dim + 4 * p + 4].clone().view(torch.float32)
+    return values, float(scale)
+
+
+def _gptj(x: torch.Tensor, angle_cos: torch.Tensor, angle_sin: torch.Tensor) -> torch.Tensor:
+    """Rotate interleaved pairs (x[2i], x[2i+1]) by the angle whose cos/sin are given per pair (float64)."""
+    out = x.clone()
+    for i in range(x.shape[-1] // 2):
+        e, o = x[..., 2 * i], x[..., 2 * i + 1]
+        out[..., 2 * i] = e * angle_cos[..., i] - o * angle_sin[..., i]
+        out[..., 2 * i + 1] = e * angle_sin[..., i] + o * angle_cos[..., i]
+    return out
+
+
+def _rope_cache(max_pos: int, rope: int, base: float = 10000.0) -> torch.Tensor:
+    inv = base ** (-torch.arange(0, rope, 2, dtype=torch.float64) / rope)
+    angles = torch.arange(max_pos, dtype=torch.float64).unsqueeze(1) * inv
+    return torch.cat((angles.cos(), angles.sin()), dim=1).float()
+
+
+def _pow2_exponent(amax: float) -> int:
+    """The smallest e with 2^e >= amax (amax > 0), from float64 without log2 rounding."""
+    e = math.frexp(amax)[1]
+    return e - 1 if amax == 2.0 ** (e - 1) else e
+
+
+@pytest.fixture
+def dsv4_naive():
+    return SimpleNamespace(fp8_bytes=_fp8_bytes, ds_mla_record=_ds_mla_record, indexer_record=_indexer_record,
+                           gptj=_gptj, rope_cache=_rope_cache, pow2_exponent=_pow2_exponent)

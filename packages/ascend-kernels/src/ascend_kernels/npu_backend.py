@@ -112,6 +112,20 @@ NPU_BINDINGS: dict[str, NpuBinding] = {
     "sparse_mla_attention": NpuBinding(target="ascend_kernels.reference.sparse_mla on the NPU device", kind="torch",
                                        note="npu_sparse_flash_attention is not a torch_npu op; gathers the "
                                        "selected latents by position"),
+    # DeepSeek V4: no torch_npu kernel takes vLLM's fp8_ds_mla / indexer byte layouts (vllm-ascend has no V4 path
+    # to follow), so every V4 op runs the reference on the device until one does.
+    **{name: NpuBinding(target=f"ascend_kernels.reference.{module} on the NPU device", kind="torch", note=note)
+       for name, module, note in (
+           ("dsv4_qnorm_rope_kv_insert", "dsv4_attention", "fp8_ds_mla insert with UE8M0 tile scales"),
+           ("dsv4_save_partial_states", "dsv4_compressor", "scatter by slot"),
+           ("dsv4_compress_norm_rope_store", "dsv4_compressor", "one nonzero() sync per call"),
+           ("dsv4_compress_norm_rope_store_indexer", "dsv4_compressor", "one nonzero() sync per call"),
+           ("dsv4_indexer_q_rope_quant", "dsv4_indexer", "float8_e4m3fn casts on the device"),
+           ("dsv4_fp8_paged_mqa_logits", "dsv4_indexer", "dequantizes the visible keys per chunk of rows"),
+           ("dsv4_topk_transform", "dsv4_indexer", "a stable sort per row"),
+           ("dsv4_sparse_mla_with_kvcache", "dsv4_attention", "gathers and dequantizes the selected records"),
+           ("dsv4_inverse_rope_o_proj", "dsv4_attention", "elementwise"),
+       )},
 }
 
 _FIA_MASK_SIZE = 2048  # the compressed causal mask sparse_mode 3 expects
@@ -459,6 +473,7 @@ def npu_ops() -> dict[str, Callable]:
         "indexer_cache_write": reference.indexer_cache_write,
         "indexer_topk": reference.indexer_topk,
         "sparse_mla_attention": reference.sparse_mla_attention,
+        **{name: reference.REFERENCE_OPS[name] for name in NPU_BINDINGS if name.startswith("dsv4_")},
     }
     assert table.keys() == NPU_BINDINGS.keys()
     return table

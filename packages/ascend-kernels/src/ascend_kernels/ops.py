@@ -21,6 +21,17 @@ from ascend_kernels import validation as _v
 from ascend_kernels import validation_cp as _vcp
 from ascend_kernels import validation_mla as _vm
 from ascend_kernels import validation_sfa as _vs
+from ascend_kernels.ops_dsv4 import (  # noqa: F401  (DeepSeek V4's ops live in their own module)
+    dsv4_compress_norm_rope_store,
+    dsv4_compress_norm_rope_store_indexer,
+    dsv4_fp8_paged_mqa_logits,
+    dsv4_indexer_q_rope_quant,
+    dsv4_inverse_rope_o_proj,
+    dsv4_qnorm_rope_kv_insert,
+    dsv4_save_partial_states,
+    dsv4_sparse_mla_with_kvcache,
+    dsv4_topk_transform,
+)
 from ascend_kernels.registry import OP_NAMES, current_impl
 
 __all__ = list(OP_NAMES)

@@ -43,6 +43,15 @@ OP_NAMES: tuple[str, ...] = (
     "indexer_cache_write",
     "indexer_topk",
     "sparse_mla_attention",
+    "dsv4_qnorm_rope_kv_insert",
+    "dsv4_save_partial_states",
+    "dsv4_compress_norm_rope_store",
+    "dsv4_compress_norm_rope_store_indexer",
+    "dsv4_indexer_q_rope_quant",
+    "dsv4_fp8_paged_mqa_logits",
+    "dsv4_topk_transform",
+    "dsv4_sparse_mla_with_kvcache",
+    "dsv4_inverse_rope_o_proj",
 )
 
 BACKEND_NAMES: tuple[str, ...] = ("reference", "npu")

@@ -14,6 +14,21 @@ from ascend_kernels.reference.context_parallel import (
     merge_attention_states,
     paged_attention_with_lse,
 )
+from ascend_kernels.reference.dsv4_attention import (
+    dsv4_inverse_rope_o_proj,
+    dsv4_qnorm_rope_kv_insert,
+    dsv4_sparse_mla_with_kvcache,
+)
+from ascend_kernels.reference.dsv4_compressor import (
+    dsv4_compress_norm_rope_store,
+    dsv4_compress_norm_rope_store_indexer,
+    dsv4_save_partial_states,
+)
+from ascend_kernels.reference.dsv4_indexer import (
+    dsv4_fp8_paged_mqa_logits,
+    dsv4_indexer_q_rope_quant,
+    dsv4_topk_transform,
+)
 from ascend_kernels.reference.gumbel import gumbel_sample
 from ascend_kernels.reference.layers import rms_norm, rotary_embedding, silu_and_mul
 from ascend_kernels.reference.logprobs import gather_logprobs, token_ranks
@@ -57,4 +72,13 @@ REFERENCE_OPS = {
     "indexer_cache_write": indexer_cache_write,
     "indexer_topk": indexer_topk,
     "sparse_mla_attention": sparse_mla_attention,
+    "dsv4_qnorm_rope_kv_insert": dsv4_qnorm_rope_kv_insert,
+    "dsv4_save_partial_states": dsv4_save_partial_states,
+    "dsv4_compress_norm_rope_store": dsv4_compress_norm_rope_store,
+    "dsv4_compress_norm_rope_store_indexer": dsv4_compress_norm_rope_store_indexer,
+    "dsv4_indexer_q_rope_quant": dsv4_indexer_q_rope_quant,
+    "dsv4_fp8_paged_mqa_logits": dsv4_fp8_paged_mqa_logits,
+    "dsv4_topk_transform": dsv4_topk_transform,
+    "dsv4_sparse_mla_with_kvcache": dsv4_sparse_mla_with_kvcache,
+    "dsv4_inverse_rope_o_proj": dsv4_inverse_rope_o_proj,
 }
