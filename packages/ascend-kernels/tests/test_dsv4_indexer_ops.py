@@ -27,6 +27,7 @@ def test_indexer_q_rope_quant_rotates_quantizes_and_folds_the_scale_into_the_wei
     ops.dsv4_indexer_q_rope_quant(positions, q, cos_sin_cache, q_fp8, weights, 0.125, heads**-0.5, weights_out)
 
     cos, sin = cos_sin_cache[positions].double().chunk(2, dim=1)
+    rope_agree = rope_total = 0
     for i in range(t):
         for h in range(heads):
             x = q[i, h].double()
@@ -40,6 +41,11 @@ def test_indexer_q_rope_quant_rotates_quantizes_and_folds_the_scale_into_the_wei
             assert torch.equal(got[:nope], dsv4_naive.fp8_bytes(x[:nope] / scale, flush=False))
             deq = q_fp8[i, h].double() * scale
             torch.testing.assert_close(deq[nope:], rope, rtol=2**-4 + 2**-7, atol=scale * 2**-9)
+            # the rotated dims are rounded through bf16 before quantization; float32 vs float64 rotation may move a
+            # rare value across a bf16 midpoint, so compare the bytes as a share (skipping the bf16 step moves ~6%)
+            rope_agree += int((got[nope:] == dsv4_naive.fp8_bytes(row[nope:] / scale, flush=False)).sum())
+            rope_total += ROPE
+    assert rope_agree >= 0.995 * rope_total
 
 
 def _indexer_cache(num_blocks: int, block_size: int, d: int, gen: torch.Generator, pad: int = 20) -> torch.Tensor:
