@@ -18,6 +18,8 @@ def _naive_gating(logits, topk, *, scoring, renormalize, groups=None, topk_group
             m = max(row)
             ex = [math.exp(v - m) for v in row]
             scores = [v / sum(ex) for v in ex]
+        elif scoring == "sqrtsoftplus":
+            scores = [math.sqrt(math.log1p(math.exp(v))) for v in row]
         else:
             scores = [1 / (1 + math.exp(-v)) for v in row]
         select = [s + (0.0 if bias is None else float(bias[e])) for e, s in enumerate(scores)]
@@ -37,7 +39,7 @@ def _naive_gating(logits, topk, *, scoring, renormalize, groups=None, topk_group
     return torch.tensor(weights, dtype=torch.float64), ids
 
 
-@pytest.mark.parametrize("scoring", ["softmax", "sigmoid"])
+@pytest.mark.parametrize("scoring", ["softmax", "sigmoid", "sqrtsoftplus"])
 @pytest.mark.parametrize("renormalize", [False, True])
 def test_plain_gating_matches_naive(scoring, renormalize):
     logits = torch.randn(7, 8, generator=torch.Generator().manual_seed(1))
@@ -71,6 +73,20 @@ def test_grouped_biased_gating_matches_naive(with_bias, scoring):
     assert all(len({e // 4 for e in row}) <= 2 for row in ids.tolist())
 
 
+def test_sqrtsoftplus_biased_gating_as_deepseek_v4_routes():
+    """V4: sqrt(softplus) scores, the noaux_tc bias only steers selection, renormalized then scaled (1.5)."""
+    gen = torch.Generator().manual_seed(4)
+    logits = torch.randn(6, 16, generator=gen) * 3
+    bias = torch.randn(16, generator=gen)
+    weights, ids = ops.moe_gating_topk(logits, 4, scoring_func="sqrtsoftplus", renormalize=True,
+                                       e_score_correction_bias=bias, routed_scaling_factor=1.5)
+    expected_w, expected_ids = _naive_gating(logits, 4, scoring="sqrtsoftplus", renormalize=True, bias=bias,
+                                             scale=1.5)
+    assert ids.tolist() == expected_ids
+    torch.testing.assert_close(weights.double(), expected_w, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(weights.sum(-1), torch.full((6,), 1.5))
+
+
 def test_bias_steers_selection_but_not_weights():
     logits = torch.zeros(3, 8)
     bias = torch.zeros(8)
@@ -99,7 +115,7 @@ def test_grouped_topk_beyond_kept_groups_is_rejected():
         ops.moe_gating_topk(torch.randn(2, 8), 3, num_expert_group=4, topk_group=1)
 
 
-def _naive_moe(x, w13, w2, weights, ids, b13=None, b2=None):
+def _naive_moe(x, w13, w2, weights, ids, b13=None, b2=None, limit=None):
     t, hidden = x.shape
     inter = w2.shape[2]
     out = torch.zeros(t, hidden, dtype=torch.float64)
@@ -110,6 +126,8 @@ def _naive_moe(x, w13, w2, weights, ids, b13=None, b2=None):
                 continue
             gate_up = w13[e].double() @ x[i].double() + (0 if b13 is None else b13[e].double())
             gate, up = gate_up[:inter], gate_up[inter:]
+            if limit is not None:
+                gate, up = torch.clamp(gate, max=limit), torch.clamp(up, -limit, limit)
             y = w2[e].double() @ (gate / (1 + torch.exp(-gate)) * up) + (0 if b2 is None else b2[e].double())
             out[i] += float(weights[i, j]) * y
     return out
@@ -151,3 +169,20 @@ def test_fused_moe_rejects_mismatched_bias():
     weights, ids = ops.moe_gating_topk(torch.randn(2, 4), 2)
     with pytest.raises(ValueError, match="w2_bias"):
         ops.fused_moe(x, w13, w2, weights, ids, w2_bias=torch.zeros(4, 8))
+
+
+@pytest.mark.parametrize("tokens", [3, 40])
+def test_fused_moe_swiglu_limit_clamps_gate_and_up(tokens):
+    gen = torch.Generator().manual_seed(5)
+    hidden, inter, experts = 16, 8, 6
+    x = torch.randn(tokens, hidden, generator=gen) * 4
+    w13 = torch.randn(experts, 2 * inter, hidden, generator=gen)  # pre-activations well past the limit
+    w2 = torch.randn(experts, hidden, inter, generator=gen) / 4
+    weights, ids = ops.moe_gating_topk(torch.randn(tokens, experts, generator=gen), 2)
+    out = ops.fused_moe(x, w13, w2, weights, ids, swiglu_limit=3.0)
+    expected = _naive_moe(x, w13, w2, weights, ids, limit=3.0)
+    torch.testing.assert_close(out.double(), expected, rtol=1e-5, atol=1e-5)
+    assert not torch.allclose(out.double(), _naive_moe(x, w13, w2, weights, ids), rtol=1e-3, atol=1e-3)
+    with pytest.raises(ValueError, match="swiglu_limit"):
+        ops.fused_moe(x, w13, w2, weights, ids, swiglu_limit=0.0)
+

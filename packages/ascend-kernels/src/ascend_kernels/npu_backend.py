@@ -67,10 +67,12 @@ NPU_BINDINGS: dict[str, NpuBinding] = {
     "moe_gating_topk": NpuBinding(
         target="torch_npu.npu_moe_gating_top_k", kind="torch_npu",
         note="norm_type 0/1 = softmax/sigmoid, group_select_mode 1 (top-2 sum) with a bias, 0 (max) without; "
-        "renormalisation and routed_scaling_factor applied after the kernel"),
+        "renormalisation and routed_scaling_factor applied after the kernel; sqrtsoftplus (DeepSeek V4) runs the "
+        "reference"),
     "fused_moe": NpuBinding(
         target="torch_npu.npu_moe_init_routing_v2 + npu_grouped_matmul + npu_swiglu + npu_moe_token_unpermute",
-        kind="torch_npu", note="ids outside [0, num_experts) dropped by active_expert_range; count-mode group list"),
+        kind="torch_npu", note="ids outside [0, num_experts) dropped by active_expert_range; count-mode group list; "
+        "a swiglu_limit (DeepSeek V4) runs the reference"),
     "sample_greedy": NpuBinding(target="torch.argmax on the NPU device", kind="torch"),
     "sample": NpuBinding(
         target="torch_npu.npu_top_k_top_p + reference sampling",
@@ -125,6 +127,9 @@ NPU_BINDINGS: dict[str, NpuBinding] = {
            ("dsv4_topk_transform", "dsv4_indexer", "a stable sort per row"),
            ("dsv4_sparse_mla_with_kvcache", "dsv4_attention", "gathers and dequantizes the selected records"),
            ("dsv4_inverse_rope_o_proj", "dsv4_attention", "elementwise"),
+           ("dsv4_mhc_pre", "dsv4_hyper", "one matmul, sigmoid/softmax and the Sinkhorn loop"),
+           ("dsv4_mhc_post", "dsv4_hyper", "one einsum"),
+           ("dsv4_hc_head", "dsv4_hyper", "one matmul and a weighted sum"),
        )},
 }
 
@@ -325,6 +330,11 @@ def topk_softmax(gating_logits, topk, renormalize):
 
 def moe_gating_topk(router_logits, topk, *, scoring_func="softmax", renormalize=True, num_expert_group=None,
                     topk_group=None, e_score_correction_bias=None, routed_scaling_factor=1.0):
+    if scoring_func == "sqrtsoftplus":  # the kernel's norm_type covers softmax and sigmoid only
+        return reference.moe_gating_topk(router_logits, topk, scoring_func=scoring_func, renormalize=renormalize,
+                                         num_expert_group=num_expert_group, topk_group=topk_group,
+                                         e_score_correction_bias=e_score_correction_bias,
+                                         routed_scaling_factor=routed_scaling_factor)
     grouped = num_expert_group is not None and num_expert_group > 1
     weights, ids, _ = _torch_npu().npu_moe_gating_top_k(
         router_logits,
@@ -346,7 +356,10 @@ def moe_gating_topk(router_logits, topk, *, scoring_func="softmax", renormalize=
     return weights, ids.to(torch.int32)
 
 
-def fused_moe(hidden_states, w13, w2, topk_weights, topk_ids, *, w13_bias=None, w2_bias=None):
+def fused_moe(hidden_states, w13, w2, topk_weights, topk_ids, *, w13_bias=None, w2_bias=None, swiglu_limit=None):
+    if swiglu_limit is not None:  # npu_swiglu has no clamp
+        return reference.fused_moe(hidden_states, w13, w2, topk_weights, topk_ids, w13_bias=w13_bias,
+                                   w2_bias=w2_bias, swiglu_limit=swiglu_limit)
     torch_npu = _torch_npu()
     t, k = topk_ids.shape
     num_experts = w13.shape[0]

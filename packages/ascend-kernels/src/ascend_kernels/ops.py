@@ -25,8 +25,11 @@ from ascend_kernels.ops_dsv4 import (  # noqa: F401  (DeepSeek V4's ops live in 
     dsv4_compress_norm_rope_store,
     dsv4_compress_norm_rope_store_indexer,
     dsv4_fp8_paged_mqa_logits,
+    dsv4_hc_head,
     dsv4_indexer_q_rope_quant,
     dsv4_inverse_rope_o_proj,
+    dsv4_mhc_post,
+    dsv4_mhc_pre,
     dsv4_qnorm_rope_kv_insert,
     dsv4_save_partial_states,
     dsv4_sparse_mla_with_kvcache,
@@ -228,7 +231,8 @@ def moe_gating_topk(router_logits, topk: int, *, scoring_func: str = "softmax", 
 
     router_logits `[num_tokens, num_experts]` -> (weights float32 `[num_tokens, topk]`, expert ids int32
     `[num_tokens, topk]`), ordered by descending selection score. In float32:
-    1. scores = softmax(logits) over experts (`scoring_func="softmax"`) or sigmoid(logits) (`"sigmoid"`).
+    1. scores = softmax(logits) over experts (`scoring_func="softmax"`), sigmoid(logits) (`"sigmoid"`) or
+       sqrt(softplus(logits)) (`"sqrtsoftplus"`, DeepSeek V4).
     2. Selection scores = scores + e_score_correction_bias (float `[num_experts]`, DeepSeek-V3's noaux_tc) when
        given, else the scores.
     3. Grouped (num_expert_group > 1; num_experts divisible by it): a group's score is the sum of its two best
@@ -245,7 +249,8 @@ def moe_gating_topk(router_logits, topk: int, *, scoring_func: str = "softmax", 
         routed_scaling_factor=routed_scaling_factor)
 
 
-def fused_moe(hidden_states, w13, w2, topk_weights, topk_ids, *, w13_bias=None, w2_bias=None) -> torch.Tensor:
+def fused_moe(hidden_states, w13, w2, topk_weights, topk_ids, *, w13_bias=None, w2_bias=None,
+              swiglu_limit: float | None = None) -> torch.Tensor:
     """Routed experts (SiLU-gated MLPs) over a token batch; a (token, slot) pair with a negative id is skipped.
 
     hidden_states `[num_tokens, hidden]`; w13 `[num_experts, 2 * intermediate, hidden]` (gate rows then up rows);
@@ -255,12 +260,15 @@ def fused_moe(hidden_states, w13, w2, topk_weights, topk_ids, *, w13_bias=None, 
     (expert parallelism) with -1.
     out[t] = sum over i with e = topk_ids[t, i] >= 0 of topk_weights[t, i] * (w2[e] @ silu_and_mul(w13[e] @ x[t] +
     b13[e]) + b2[e]); float32 accumulation, result in hidden_states' dtype (a token with no pair is all zeros).
+    swiglu_limit L (DeepSeek V4; None or > 0): the activation is `silu(min(gate, L)) * clamp(up, -L, L)`.
     """
     if _SWITCH.enabled:
         _v.check_fused_moe(hidden_states, w13, w2, topk_weights, topk_ids, op="fused_moe", w13_bias=w13_bias,
                            w2_bias=w2_bias)
+        if swiglu_limit is not None:
+            _v.number("fused_moe", "swiglu_limit", swiglu_limit, "None or a positive real number", positive=True)
     return current_impl().fused_moe(hidden_states, w13, w2, topk_weights, topk_ids, w13_bias=w13_bias,
-                                    w2_bias=w2_bias)
+                                    w2_bias=w2_bias, swiglu_limit=swiglu_limit)
 
 
 def fused_moe_reference(hidden_states, w13, w2, topk_weights, topk_ids) -> torch.Tensor:

@@ -27,6 +27,9 @@ __all__ = [
     "dsv4_topk_transform",
     "dsv4_sparse_mla_with_kvcache",
     "dsv4_inverse_rope_o_proj",
+    "dsv4_mhc_pre",
+    "dsv4_mhc_post",
+    "dsv4_hc_head",
 ]
 
 
@@ -183,3 +186,47 @@ def dsv4_inverse_rope_o_proj(o, positions, cos_sin_cache, rope_dim: int) -> torc
     if _SWITCH.enabled:
         _vd.check_inverse_rope_o_proj(o, positions, cos_sin_cache, rope_dim)
     return current_impl().dsv4_inverse_rope_o_proj(o, positions, cos_sin_cache, rope_dim)
+
+
+# ------------------------------------------------------------------------- hyper-connections (mHC)
+
+
+def dsv4_mhc_pre(residual, fn, hc_scale, hc_base, rms_eps: float, hc_pre_eps: float, hc_sinkhorn_eps: float,
+                 hc_post_mult_value: float, sinkhorn_repeat: int):
+    """vLLM's `mhc_pre_torch` for any float dtype: the hyper-connection pre block.
+
+    residual float `[..., hc, hidden]`, fn float `[(2 + hc) * hc, hc * hidden]`, hc_scale `[3]`, hc_base `[(2 + hc)
+    * hc]`. mixes = `(flat @ fn.T) * rsqrt(mean(flat^2) + rms_eps)` over the flattened streams; pre =
+    `sigmoid(mixes[:hc] * s0 + b) + hc_pre_eps`, post = `sigmoid(mixes[hc:2hc] * s1 + b) * hc_post_mult_value`, comb
+    = softmax over the last dim of `mixes[2hc:] * s2 + b` (`[hc, hc]`) + hc_sinkhorn_eps, then column / row
+    normalisations (sinkhorn_repeat rounds, the first a column one). Returns (post_mix float32 `[..., hc, 1]`,
+    comb_mix float32 `[..., hc, hc]`, layer_input `sum_i pre_i * residual_i` `[..., hidden]` in residual's dtype);
+    float64 inputs compute and return float64 mixes.
+    """
+    if _SWITCH.enabled:
+        _vd.check_mhc_pre(residual, fn, hc_scale, hc_base, sinkhorn_repeat)
+    return current_impl().dsv4_mhc_pre(residual, fn, hc_scale, hc_base, rms_eps, hc_pre_eps, hc_sinkhorn_eps,
+                                       hc_post_mult_value, sinkhorn_repeat)
+
+
+def dsv4_mhc_post(x, residual, post_layer_mix, comb_res_mix):
+    """vLLM's `mhc_post_torch` for any float dtype: out[j] = `sum_i comb[i, j] * residual[i] + post[j] * x`.
+
+    x `[..., hidden]`, residual `[..., hc, hidden]`, post_layer_mix `[..., hc, 1]`, comb_res_mix `[..., hc, hc]`;
+    returns `[..., hc, hidden]` in residual's dtype (float32 arithmetic, float64 for float64 residuals).
+    """
+    if _SWITCH.enabled:
+        _vd.check_mhc_post(x, residual, post_layer_mix, comb_res_mix)
+    return current_impl().dsv4_mhc_post(x, residual, post_layer_mix, comb_res_mix)
+
+
+def dsv4_hc_head(hidden_states, hc_fn, hc_scale, hc_base, rms_norm_eps: float, hc_eps: float):
+    """The hyper-connection head (transformers' DeepseekV4HyperHead; vLLM's `hc_head_fused_*`): streams -> one.
+
+    hidden_states `[..., hc, hidden]`, hc_fn float `[hc, hc * hidden]`, hc_scale `[1]`, hc_base `[hc]`: flat =
+    the streams flattened, mixes = `(flat * rsqrt(mean(flat^2) + rms_norm_eps)) @ hc_fn.T`, pre = `sigmoid(mixes *
+    hc_scale + hc_base) + hc_eps`; returns `sum_i pre_i * hidden_states_i` `[..., hidden]` in hidden_states' dtype.
+    """
+    if _SWITCH.enabled:
+        _vd.check_hc_head(hidden_states, hc_fn, hc_scale, hc_base)
+    return current_impl().dsv4_hc_head(hidden_states, hc_fn, hc_scale, hc_base, rms_norm_eps, hc_eps)

@@ -52,6 +52,9 @@ OP_NAMES: tuple[str, ...] = (
     "dsv4_topk_transform",
     "dsv4_sparse_mla_with_kvcache",
     "dsv4_inverse_rope_o_proj",
+    "dsv4_mhc_pre",
+    "dsv4_mhc_post",
+    "dsv4_hc_head",
 )
 
 BACKEND_NAMES: tuple[str, ...] = ("reference", "npu")

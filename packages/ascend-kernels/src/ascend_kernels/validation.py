@@ -286,8 +286,8 @@ def check_moe_gating_topk(router_logits, topk, scoring_func, renormalize, num_ex
     tensor(op, "router_logits", router_logits, 2, "[num_tokens, num_experts]")
     floating(op, "router_logits", router_logits, "[num_tokens, num_experts]")
     experts = router_logits.shape[1]
-    if scoring_func not in ("softmax", "sigmoid"):
-        fail(op, "scoring_func", scoring_func, "'softmax' or 'sigmoid'")
+    if scoring_func not in ("softmax", "sigmoid", "sqrtsoftplus"):
+        fail(op, "scoring_func", scoring_func, "'softmax', 'sigmoid' or 'sqrtsoftplus'")
     if not isinstance(renormalize, bool):
         fail(op, "renormalize", renormalize, "a bool")
     number(op, "routed_scaling_factor", routed_scaling_factor, "a positive real number", positive=True)

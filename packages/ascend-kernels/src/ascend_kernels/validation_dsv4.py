@@ -210,3 +210,51 @@ def check_inverse_rope_o_proj(o, positions, cos_sin_cache, rope_dim) -> None:
     if isinstance(rope_dim, bool) or not isinstance(rope_dim, int) or rope_dim < 0 or rope_dim % 2 or rope_dim > d:
         fail(op, "rope_dim", rope_dim, f"an even int in [0, {d}]")
     _cos_sin(op, "cos_sin_cache", cos_sin_cache, rope_dim if rope_dim else None, o.device)
+
+
+def _streams(op: str, name: str, t: object) -> tuple[int, int]:
+    dims = "[..., hc, hidden]"
+    if not isinstance(t, torch.Tensor) or t.dim() < 2:
+        fail(op, name, t, dims)
+    floating(op, name, t, dims)
+    return t.shape[-2], t.shape[-1]
+
+
+def _vector(op: str, name: str, t: object, length: int, dev) -> None:
+    _float_tensor(op, name, t, 1, f"[{length}]", dev)
+    if t.shape[0] != length:
+        fail(op, name, t, f"[{length}]")
+
+
+def check_mhc_pre(residual, fn, hc_scale, hc_base, sinkhorn_repeat) -> None:
+    op = "dsv4_mhc_pre"
+    hc, hidden = _streams(op, "residual", residual)
+    mix = (2 + hc) * hc
+    _float_tensor(op, "fn", fn, 2, f"[{mix}, {hc * hidden}]", residual.device)
+    if fn.shape != (mix, hc * hidden):
+        fail(op, "fn", fn, f"[{mix}, {hc * hidden}]")
+    _vector(op, "hc_scale", hc_scale, 3, residual.device)
+    _vector(op, "hc_base", hc_base, mix, residual.device)
+    _count(op, "sinkhorn_repeat", sinkhorn_repeat)
+
+
+def check_mhc_post(x, residual, post_layer_mix, comb_res_mix) -> None:
+    op = "dsv4_mhc_post"
+    hc, hidden = _streams(op, "residual", residual)
+    outer = tuple(residual.shape[:-2])
+    for name, t, shape in (("x", x, (*outer, hidden)), ("post_layer_mix", post_layer_mix, (*outer, hc, 1)),
+                           ("comb_res_mix", comb_res_mix, (*outer, hc, hc))):
+        if not isinstance(t, torch.Tensor) or tuple(t.shape) != shape:
+            fail(op, name, t, f"{list(shape)}")
+        floating(op, name, t, f"{list(shape)}")
+        same_device(op, name, t, residual.device, f"{list(shape)}")
+
+
+def check_hc_head(hidden_states, hc_fn, hc_scale, hc_base) -> None:
+    op = "dsv4_hc_head"
+    hc, hidden = _streams(op, "hidden_states", hidden_states)
+    _float_tensor(op, "hc_fn", hc_fn, 2, f"[{hc}, {hc * hidden}]", hidden_states.device)
+    if hc_fn.shape != (hc, hc * hidden):
+        fail(op, "hc_fn", hc_fn, f"[{hc}, {hc * hidden}]")
+    _vector(op, "hc_scale", hc_scale, 1, hidden_states.device)
+    _vector(op, "hc_base", hc_base, hc, hidden_states.device)

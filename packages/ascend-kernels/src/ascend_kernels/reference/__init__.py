@@ -24,6 +24,7 @@ from ascend_kernels.reference.dsv4_compressor import (
     dsv4_compress_norm_rope_store_indexer,
     dsv4_save_partial_states,
 )
+from ascend_kernels.reference.dsv4_hyper import dsv4_hc_head, dsv4_mhc_post, dsv4_mhc_pre
 from ascend_kernels.reference.dsv4_indexer import (
     dsv4_fp8_paged_mqa_logits,
     dsv4_indexer_q_rope_quant,
@@ -81,4 +82,7 @@ REFERENCE_OPS = {
     "dsv4_topk_transform": dsv4_topk_transform,
     "dsv4_sparse_mla_with_kvcache": dsv4_sparse_mla_with_kvcache,
     "dsv4_inverse_rope_o_proj": dsv4_inverse_rope_o_proj,
+    "dsv4_mhc_pre": dsv4_mhc_pre,
+    "dsv4_mhc_post": dsv4_mhc_post,
+    "dsv4_hc_head": dsv4_hc_head,
 }

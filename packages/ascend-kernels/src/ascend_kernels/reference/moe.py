@@ -25,7 +25,12 @@ def topk_softmax(gating_logits, topk, renormalize):
 def moe_gating_topk(router_logits, topk, *, scoring_func="softmax", renormalize=True, num_expert_group=None,
                     topk_group=None, e_score_correction_bias=None, routed_scaling_factor=1.0):
     logits = router_logits.float()
-    scores = torch.softmax(logits, dim=-1) if scoring_func == "softmax" else torch.sigmoid(logits)
+    if scoring_func == "softmax":
+        scores = torch.softmax(logits, dim=-1)
+    elif scoring_func == "sqrtsoftplus":  # DeepSeek V4
+        scores = torch.sqrt(F.softplus(logits))
+    else:
+        scores = torch.sigmoid(logits)
     select = scores if e_score_correction_bias is None else scores + e_score_correction_bias.float()
     if num_expert_group is not None and num_expert_group > 1:
         t, e = select.shape
@@ -45,14 +50,22 @@ def moe_gating_topk(router_logits, topk, *, scoring_func="softmax", renormalize=
     return weights, ids.to(torch.int32)
 
 
-def _expert_mlp(x, w13, w2, b13=None, b2=None):
-    gate_up = x @ w13.float().t() if b13 is None else torch.addmm(b13.float(), x, w13.float().t())
+def _swiglu(gate_up, limit):
+    """silu(gate) * up; with a limit (DeepSeek V4) gate is clamped from above and up to [-limit, limit] first."""
     inter = gate_up.shape[-1] // 2
-    act = F.silu(gate_up[:, :inter]) * gate_up[:, inter:]
+    gate, up = gate_up[:, :inter], gate_up[:, inter:]
+    if limit is not None:
+        gate, up = gate.clamp(max=limit), up.clamp(-limit, limit)
+    return F.silu(gate) * up
+
+
+def _expert_mlp(x, w13, w2, b13=None, b2=None, limit=None):
+    gate_up = x @ w13.float().t() if b13 is None else torch.addmm(b13.float(), x, w13.float().t())
+    act = _swiglu(gate_up, limit)
     return act @ w2.float().t() if b2 is None else torch.addmm(b2.float(), act, w2.float().t())
 
 
-def fused_moe(hidden_states, w13, w2, topk_weights, topk_ids, *, w13_bias=None, w2_bias=None):
+def fused_moe(hidden_states, w13, w2, topk_weights, topk_ids, *, w13_bias=None, w2_bias=None, swiglu_limit=None):
     t, hidden = hidden_states.shape
     out = torch.zeros(t, hidden, dtype=torch.float32, device=hidden_states.device)
     if t == 0:
@@ -71,8 +84,7 @@ def fused_moe(hidden_states, w13, w2, topk_weights, topk_ids, *, w13_bias=None, 
         gate_up = torch.bmm(w13.index_select(0, ids).float(), x.unsqueeze(-1)).squeeze(-1)
         if w13_bias is not None:
             gate_up = gate_up + w13_bias.index_select(0, ids).float()
-        inter = gate_up.shape[-1] // 2
-        act = F.silu(gate_up[:, :inter]) * gate_up[:, inter:]
+        act = _swiglu(gate_up, swiglu_limit)
         y = torch.bmm(w2.index_select(0, ids).float(), act.unsqueeze(-1)).squeeze(-1)
         if w2_bias is not None:
             y = y + w2_bias.index_select(0, ids).float()
@@ -86,7 +98,8 @@ def fused_moe(hidden_states, w13, w2, topk_weights, topk_ids, *, w13_bias=None, 
             continue
         sel = order[start : start + count]
         y = _expert_mlp(x.index_select(0, sel), w13[expert], w2[expert],
-                        None if w13_bias is None else w13_bias[expert], None if w2_bias is None else w2_bias[expert])
+                        None if w13_bias is None else w13_bias[expert], None if w2_bias is None else w2_bias[expert],
+                        swiglu_limit)
         out.index_add_(0, tokens.index_select(0, sel), y * weights.index_select(0, sel)[:, None])
         start += count
     return out.to(hidden_states.dtype)
