@@ -15,7 +15,7 @@ names, which both vLLM's V4 model and transformers' load. The engine serves it w
   indexer's selection). The plain float64 reference stays the test of the checkpoint itself.
 - Whole prompts in one step, and chunked prefill (a 32-token budget: long prompts in chunks continuing a cached
   context, decodes sharing steps with prefill chunks), on the V1 runner and on MRV2, give the reference's tokens;
-  the same prompts again, served from the prefix cache, give the same tokens.
+  the same prompts again (on cache blocks the first round filled and freed) give the same tokens.
 - DeepSeek V4.1 is refused at start-up, naming why: vLLM has no device-neutral V4.1 implementation to build on.
 """
 
@@ -60,7 +60,7 @@ def stored_reference(v4_model, v4_prompts) -> list[dict]:
 
 @pytest.fixture(scope="module")
 def v4_served(sim_v1_host, sim_host, v4_model, v4_prompts) -> dict[str, dict]:
-    """Each engine configuration's outputs (then the same prompts again, served from the prefix cache), and the
+    """Each engine configuration's outputs (then the same prompts again), and the
     usage counts the first generation added (a host process keeps counting across engines), one engine after the
     other on the shared hosts: the V1 runner with whole prompts and with chunked prefill, MRV2 chunked."""
     runs = {}
@@ -159,7 +159,9 @@ def test_mrv2_serves_the_same_tokens(v4_served, stored_reference):
 
 
 @pytest.mark.parametrize("run", ["whole", "chunked", "mrv2"])
-def test_prefix_cache_hits_serve_the_same_tokens(v4_served, run):
+def test_serving_again_on_reused_cache_blocks_gives_the_same_tokens(v4_served, run):
+    # V4's cache blocks are 256 tokens and these prompts shorter: nothing comes from the prefix cache, the second
+    # round runs on blocks the first one filled and freed (stale rows must stay unread).
     served = v4_served[run]
+    assert all(o["num_cached_tokens"] == 0 for o in served["again"])
     assert [o["token_ids"] for o in served["again"]] == [o["token_ids"] for o in served["outputs"]]
-    assert any(o["num_cached_tokens"] > 0 for o in served["again"]), "no prompt was served from the prefix cache"
