@@ -48,6 +48,17 @@ def test_indexer_q_rope_quant_rotates_quantizes_and_folds_the_scale_into_the_wei
     assert rope_agree >= 0.995 * rope_total
 
 
+def test_indexer_q_rope_quant_processes_only_the_rows_positions_cover(dsv4_naive):
+    gen = torch.Generator().manual_seed(7)
+    q = torch.randn(5, 2, 128, generator=gen)
+    q_fp8 = torch.full((5, 2, 128), 3.0).to(torch.float8_e4m3fn)
+    weights_out = torch.full((5, 2), 9.0)
+    ops.dsv4_indexer_q_rope_quant(torch.tensor([0, 4, 2]), q, dsv4_naive.rope_cache(8, ROPE), q_fp8,
+                                  torch.ones(5, 2), 1.0, 1.0, weights_out)
+    assert torch.all(q_fp8[3:].float() == 3.0) and torch.all(weights_out[3:] == 9.0)
+    assert torch.all(weights_out[:3] != 9.0)
+
+
 def _indexer_cache(num_blocks: int, block_size: int, d: int, gen: torch.Generator, pad: int = 20) -> torch.Tensor:
     """An indexer K cache (fp8 records then float32 scales per block) as a pooled 2-D view, filled at random."""
     cache = torch.zeros(num_blocks, block_size * (d + 4) + pad, dtype=torch.uint8)[:, : block_size * (d + 4)]

@@ -108,7 +108,8 @@ def dsv4_indexer_q_rope_quant(positions, index_q, index_q_cos_sin_cache, index_q
                               index_weights_out) -> None:
     """`fused_indexer_q_rope_quant_cpu`: the indexer query's RoPE + per-(token, head) fp8 quantization, in place.
 
-    index_q float `[num_tokens, heads, head_dim]` (read as float32); the last rope_dim (= the cache's width) dims
+    index_q float `[>= num_tokens, heads, head_dim]` (read as float32; num_tokens = `positions.shape[0]`, later rows
+    and their outputs untouched, as upstream); the last rope_dim (= the cache's width) dims
     rotated GPT-J style at positions and rounded through bf16, the nope dims not; one power-of-two scale per (token,
     head) `2^ceil(log2(max(amax, 1e-4) / 448))`. index_q_fp8 `[num_tokens, heads, head_dim]` (float8_e4m3fn, or any
     float dtype, which then holds the fp8 values) gets the quantized row; index_weights_out float `[num_tokens,

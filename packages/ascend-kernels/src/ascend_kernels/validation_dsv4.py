@@ -129,7 +129,9 @@ def check_indexer_q_rope_quant(positions, index_q, cos_sin_cache, index_q_fp8, i
     _float_tensor(op, "index_q", index_q, 3, "[num_tokens, index_heads, head_dim]", None)
     t, h, d = index_q.shape
     dev = index_q.device
-    _rows(op, "positions", positions, 1, f"[{t}]", dev, t)
+    _rows(op, "positions", positions, 1, f"[num_tokens <= {t}]", dev)
+    if positions.shape[0] > t:
+        fail(op, "positions", positions, f"[num_tokens <= {t}] (one per index_q row processed)")
     _cos_sin(op, "index_q_cos_sin_cache", cos_sin_cache, None, dev)
     if cos_sin_cache.shape[1] > d:
         fail(op, "index_q_cos_sin_cache", cos_sin_cache, f"[max_position, rope_dim <= {d}]")

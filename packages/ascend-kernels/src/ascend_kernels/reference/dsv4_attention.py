@@ -55,8 +55,9 @@ def _gather_keys(cache_2d, slots, block_size: int, nope_dim: int, dtype: torch.d
     t, k = slots.shape
     slots = slots.long()
     valid = (slots >= 0) & (slots < cache_2d.shape[0] * block_size)
-    keys = read_ds_mla(cache_2d, block_size, torch.where(valid, slots, 0).flatten(), nope_dim, dtype)
-    keys = keys.view(t, k, -1)
+    # neighbouring tokens share most of their window and selection: dequantize each record once
+    unique, inverse = torch.unique(torch.where(valid, slots, 0).flatten(), return_inverse=True)
+    keys = read_ds_mla(cache_2d, block_size, unique, nope_dim, dtype).index_select(0, inverse).view(t, k, -1)
     return torch.where(valid.unsqueeze(-1), keys, torch.zeros_like(keys)), valid
 
 

@@ -22,9 +22,9 @@ _CHUNK_ELEMENTS = 1 << 22  # keys dequantized per chunk of rows (elements of `[r
 def dsv4_indexer_q_rope_quant(positions, index_q, index_q_cos_sin_cache, index_q_fp8, index_weights,
                               index_weights_softmax_scale: float, index_weights_head_scale: float,
                               index_weights_out) -> None:
-    d = index_q.shape[2]
+    n, d = positions.shape[0], index_q.shape[2]  # as upstream: the rows positions cover, later rows untouched
     rot = index_q_cos_sin_cache.shape[1]
-    x = index_q.float()
+    x = index_q[:n].float()
     cos, sin = cos_sin(index_q_cos_sin_cache, positions, torch.float32)
     # the rotated dims are rounded to bf16 (as the K side stores them); the nope dims are not
     rope = round_bf16(gptj_rope(x[..., d - rot:], cos.unsqueeze(1), sin.unsqueeze(1)))
@@ -32,10 +32,10 @@ def dsv4_indexer_q_rope_quant(positions, index_q, index_q_cos_sin_cache, index_q
     exponent = pow2_scale_exponent(row.abs().amax(-1), FP8_MAX, SCALE_FLOOR, floor_first=True)
     scale = torch.exp2(exponent)  # [tokens, heads]: one per (token, head), folded into the weights
     values = to_fp8((row * (1.0 / scale).unsqueeze(-1)).clamp(-FP8_MAX, FP8_MAX), flush_subnormals=False)
-    index_q_fp8.copy_(values.to(index_q_fp8.dtype))
-    weights = index_weights.float() * scale
+    index_q_fp8[:n] = values.to(index_q_fp8.dtype)
+    weights = index_weights[:n].float() * scale
     weights = weights * float(index_weights_softmax_scale)
-    index_weights_out.copy_(weights * float(index_weights_head_scale))
+    index_weights_out[:n] = weights * float(index_weights_head_scale)
 
 
 def dsv4_fp8_paged_mqa_logits(q_fp8, kvcache_fp8, weight, seq_lens, page_table, block_size: int,

@@ -85,8 +85,11 @@ def ds_mla_record_bytes(nope_dim: int, rope_dim: int = ROPE_DIM) -> tuple[int, i
     return nope_dim + 2 * rope_dim, nope_dim // QUANT_BLOCK + 1
 
 
-def _record_columns(pos: torch.Tensor, base: int | torch.Tensor, width: int) -> torch.Tensor:
-    return (base + pos * width).unsqueeze(1) + torch.arange(width, device=pos.device)
+def _records(cache_2d: torch.Tensor, block_size: int, offset: int, width: int) -> torch.Tensor:
+    """The `[num_blocks, block_size, width]` byte records starting `offset` bytes into each block row: a strided view
+    of the cache, so indexing it by (block, entry) gathers or scatters whole records."""
+    return cache_2d.as_strided((cache_2d.shape[0], block_size, width), (cache_2d.stride(0), width, 1),
+                               cache_2d.storage_offset() + offset)
 
 
 def write_ds_mla(cache_2d: torch.Tensor, block_size: int, slots: torch.Tensor, nope: torch.Tensor,
@@ -100,18 +103,18 @@ def write_ds_mla(cache_2d: torch.Tensor, block_size: int, slots: torch.Tensor, n
     values, exponents = quantize_ue8m0_tiles(nope, flush_subnormals=flush_subnormals)
     rope_bytes = rope.to(torch.bfloat16).contiguous().view(torch.uint8)
     scales = torch.cat((exponents, torch.zeros_like(exponents[:, :1])), dim=1)
-    block, pos = (slots // block_size).unsqueeze(1), slots % block_size
-    cache_2d[block, _record_columns(pos, 0, token_bytes)] = torch.cat((values, rope_bytes), dim=1)
-    cache_2d[block, _record_columns(pos, block_size * token_bytes, scale_bytes)] = scales
+    block, pos = slots // block_size, slots % block_size
+    _records(cache_2d, block_size, 0, token_bytes)[block, pos] = torch.cat((values, rope_bytes), dim=1)
+    _records(cache_2d, block_size, block_size * token_bytes, scale_bytes)[block, pos] = scales
 
 
 def read_ds_mla(cache_2d: torch.Tensor, block_size: int, slots: torch.Tensor, nope_dim: int,
                 dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """Dequantized records at `slots` (all >= 0) -> `[n, nope_dim + rope_dim]` in `dtype`."""
     token_bytes, scale_bytes = ds_mla_record_bytes(nope_dim)
-    block, pos = (slots // block_size).unsqueeze(1), slots % block_size
-    record = cache_2d[block, _record_columns(pos, 0, token_bytes)]
-    exponents = cache_2d[block, _record_columns(pos, block_size * token_bytes, scale_bytes)][:, :-1].to(dtype)
+    block, pos = slots // block_size, slots % block_size
+    record = _records(cache_2d, block_size, 0, token_bytes)[block, pos]
+    exponents = _records(cache_2d, block_size, block_size * token_bytes, scale_bytes)[block, pos][:, :-1].to(dtype)
     # UE8M0: 2^(e - 127); byte 0 reads as 0 and 255 as NaN, as vLLM's fp8_e8m0_to_float does
     scale = torch.where(exponents == 0, torch.zeros_like(exponents), torch.exp2(exponents - 127))
     scale = torch.where(exponents == 255, torch.full_like(scale, float("nan")), scale)
@@ -126,15 +129,15 @@ def write_indexer(cache_2d: torch.Tensor, block_size: int, slots: torch.Tensor, 
     if slots.numel() == 0:
         return
     head_dim = values.shape[1]
-    block, pos = (slots // block_size).unsqueeze(1), slots % block_size
-    cache_2d[block, _record_columns(pos, 0, head_dim)] = values.contiguous().view(torch.uint8)
+    block, pos = slots // block_size, slots % block_size
+    _records(cache_2d, block_size, 0, head_dim)[block, pos] = values.contiguous().view(torch.uint8)
     scale_bytes = scales.float().contiguous().view(torch.uint8).view(-1, 4)
-    cache_2d[block, _record_columns(pos, block_size * head_dim, 4)] = scale_bytes
+    _records(cache_2d, block_size, block_size * head_dim, 4)[block, pos] = scale_bytes
 
 
 def read_indexer(cache_2d: torch.Tensor, block_size: int, slots: torch.Tensor, head_dim: int):
     """(fp8 values as float32 `[n, head_dim]`, float32 scales `[n]`) of the records at `slots` (all >= 0)."""
-    block, pos = (slots // block_size).unsqueeze(1), slots % block_size
-    values = cache_2d[block, _record_columns(pos, 0, head_dim)].contiguous().view(_FP8).float()
-    scales = cache_2d[block, _record_columns(pos, block_size * head_dim, 4)].contiguous().view(torch.float32)
+    block, pos = slots // block_size, slots % block_size
+    values = _records(cache_2d, block_size, 0, head_dim)[block, pos].view(_FP8).float()
+    scales = _records(cache_2d, block_size, block_size * head_dim, 4)[block, pos].view(torch.float32)
     return values, scales.view(-1)
