@@ -3,7 +3,7 @@
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ascend_kv_transfer.p2p.plan import Run, build_entries, chunk, coalesce_runs
+from ascend_kv_transfer.p2p.plan import Run, build_entries, chunk, coalesce_runs, merge
 from ascend_kv_transfer.p2p.schema import LayerRegion
 
 
@@ -51,3 +51,16 @@ def test_chunks_stay_under_the_limit_and_keep_order():
     batches = chunk(entries, 1000)
     assert [len(b) for b in batches] == [1000, 1000, 500]
     assert sum((b.local for b in batches), []) == entries.local
+
+
+def test_entries_count_the_bytes_of_each_layer_and_merge_sums_them():
+    pairs = [(_region("a", 0, 10, 10), _region("a", 5000, 10, 10)), (_region("b", 2000, 16, 12),
+                                                                        _region("b", 9000, 16, 12))]
+    first = build_entries(pairs, coalesce_runs([1, 2, 5], [3, 4, 9]))
+    assert first.layer_bytes == {"a": 30, "b": 36}
+    assert sum(first.layer_bytes.values()) == first.nbytes
+    second = build_entries(pairs[:1], [Run(7, 7, 2)])
+    both = merge([first, second])
+    assert both.layer_bytes == {"a": 50, "b": 36}
+    assert both.local == first.local + second.local and both.lengths == first.lengths + second.lengths
+    assert build_entries(pairs, []).layer_bytes == {}  # a group with nothing to move reports no layer

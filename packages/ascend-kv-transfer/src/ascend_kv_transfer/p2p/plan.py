@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ascend_kv_transfer.p2p.schema import LayerRegion
 
@@ -39,6 +39,8 @@ class Entries:
     local: list[int]
     remote: list[int]
     lengths: list[int]
+    # Bytes per layer (what each cache kind of a hybrid model moved, for stats and tests).
+    layer_bytes: dict[str, int] = field(default_factory=dict)
 
     def __len__(self) -> int:
         return len(self.lengths)
@@ -53,6 +55,9 @@ def build_entries(pairs: Sequence[tuple[LayerRegion, LayerRegion]], runs: Sequen
     entries = Entries([], [], [])
     for mine, theirs in pairs:
         dense = mine.block_stride == mine.page_bytes and theirs.block_stride == theirs.page_bytes
+        moved = sum(run.length for run in runs) * mine.page_bytes
+        if moved:
+            entries.layer_bytes[mine.name] = entries.layer_bytes.get(mine.name, 0) + moved
         for run in runs:
             if run.local_start + run.length > mine.num_blocks or run.remote_start + run.length > theirs.num_blocks:
                 raise ValueError(f"block run {run} outside layer {mine.name!r} "
@@ -75,3 +80,15 @@ def chunk(entries: Entries, max_entries: int) -> list[Entries]:
         raise ValueError(f"max_entries={max_entries}")
     return [Entries(entries.local[i:i + max_entries], entries.remote[i:i + max_entries],
                     entries.lengths[i:i + max_entries]) for i in range(0, len(entries), max_entries)]
+
+
+def merge(parts: Sequence[Entries]) -> Entries:
+    """One batch of several plans' entries (e.g. one per KV cache group), their per-layer bytes summed."""
+    out = Entries([], [], [])
+    for part in parts:
+        out.local += part.local
+        out.remote += part.remote
+        out.lengths += part.lengths
+        for name, nbytes in part.layer_bytes.items():
+            out.layer_bytes[name] = out.layer_bytes.get(name, 0) + nbytes
+    return out
