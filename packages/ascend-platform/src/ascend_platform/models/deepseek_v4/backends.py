@@ -29,6 +29,7 @@ from vllm.v1.attention.backends.mla.sparse_swa import (
 )
 from vllm.v1.attention.backends.utils import split_decodes_and_prefills
 
+from ascend_platform import usage
 from ascend_platform.models.deepseek_v4.slots import compressed_slot_mapping, token_positions, token_requests
 
 
@@ -72,6 +73,7 @@ class AscendDSASWAMetadataBuilder(DeepseekSparseSWAMetadataBuilder):
         cm = common_attn_metadata
         num_decodes, num_prefills, num_decode_tokens, num_prefill_tokens = split_decodes_and_prefills(
             cm, decode_threshold=self.decode_threshold)
+        _count_batch_kinds(cm, num_decodes, num_prefills)
         return DeepseekSparseSWAMetadata(
             block_table=cm.block_table_tensor, slot_mapping=cm.slot_mapping, block_size=self.block_size,
             seq_lens=cm.seq_lens, query_start_loc=cm.query_start_loc, query_start_loc_cpu=cm.query_start_loc_cpu,
@@ -79,6 +81,17 @@ class AscendDSASWAMetadataBuilder(DeepseekSparseSWAMetadataBuilder):
             token_to_req_indices=token_requests(cm.query_start_loc, cm.num_actual_tokens),
             num_decodes=num_decodes, num_prefills=num_prefills, num_decode_tokens=num_decode_tokens,
             num_prefill_tokens=num_prefill_tokens)
+
+
+def _count_batch_kinds(cm: Any, num_decodes: int, num_prefills: int) -> None:
+    """Usage counts an engine test reads: steps mixing decodes with prefills, and prefill (chunks) continuing a
+    request's cached context (chunked prefill). Counted once per step: every V4 model has one SWA cache group."""
+    if num_decodes and num_prefills:
+        usage.count("attention.ascend_dsa.mixed_batches")
+    if num_prefills:
+        query_lens = cm.query_start_loc_cpu[1:] - cm.query_start_loc_cpu[:-1]
+        context = cm.seq_lens.cpu() - query_lens
+        usage.count("attention.ascend_dsa.context_prefills", int((context[num_decodes:] > 0).sum()))
 
 
 class AscendDSASWABackend(DeepseekSparseSWABackend):
