@@ -14,9 +14,10 @@ of different block sizes and page sizes:
 The sliding-window groups keep only their window's blocks on both sides: the prefill hands over its block table with
 the out-of-window blocks already freed (null), the decode engine allocates only the window's blocks, and the
 connector moves exactly those. The prompts cross the window (17), several compressions past the indexer's reach
-(40), and a sliding-window block edge (65), so the decode's first tokens read the moved window rows, the moved
-compressor states (the compression the decode completes at position 67 overlaps 4 prompt tokens), and the moved
-compressed entries through the indexer's selection among more entries than it keeps.
+(40), a sliding-window block edge (65), and a compressed block edge with out-of-window latent blocks left behind
+(260), so the decode's first tokens read the moved window rows, the moved compressor states (the compression the
+decode completes at position 67 overlaps 4 prompt tokens), and the moved compressed entries through the indexer's
+selection among more entries than it keeps.
 
 The bytes each layer moved are held against the layout (the views' rows per block times the blocks each group keeps),
 and each kind is shown to matter: with the decode's pulls leaving that kind's layer behind
@@ -35,8 +36,8 @@ pytestmark = [pytest.mark.engine, pytest.mark.mooncake]
 PREFILL_PORT = 25100
 DECODE_PORT = 25150
 MAX_TOKENS = 8
-LENGTHS = (17, 40, 65)
-ENGINE = dict(dtype="float32", enforce_eager=True, seed=0, max_model_len=256, max_num_seqs=4)
+LENGTHS = (17, 40, 65, 260)
+ENGINE = dict(dtype="float32", enforce_eager=True, seed=0, max_model_len=512, max_num_seqs=4)
 
 
 @pytest.fixture(scope="module")
@@ -149,6 +150,13 @@ def test_every_cache_kind_moved_exactly_its_kept_pages(dsv4_pd_run):
     assert len65["model.layers.1.attn"] == 64 * 584
     # 17 tokens: the window of 8 keeps tokens 10-16, state blocks 2-4.
     assert pulled["len17"]["layer_bytes"]["model.layers.1.attn.compressor.state_cache"] == 3 * 4 * 8192
+    # 260 tokens: the latent window (tokens 245-259) keeps 2 of 5 blocks, the compressor's (253-259) 2 of 65; the 65
+    # compressed entries take two 256-token blocks (64 entries of 584 bytes each, the indexer's 132 bytes each).
+    len260 = pulled["len260"]["layer_bytes"]
+    assert len260["model.layers.1.attn.swa_cache"] == 2 * 64 * 584
+    assert len260["model.layers.1.attn.compressor.state_cache"] == 2 * 4 * 8192
+    assert len260["model.layers.1.attn"] == 2 * 64 * 584
+    assert len260["model.layers.1.attn.indexer.k_cache"] == 2 * 64 * 132
 
 
 def drift(run: dict) -> dict[int, float | str]:
