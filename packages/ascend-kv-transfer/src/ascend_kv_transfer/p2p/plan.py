@@ -92,3 +92,24 @@ def merge(parts: Sequence[Entries]) -> Entries:
         for name, nbytes in part.layer_bytes.items():
             out.layer_bytes[name] = out.layer_bytes.get(name, 0) + nbytes
     return out
+
+
+def plan_groups(pairs: Sequence[tuple[LayerRegion, LayerRegion]], local: Sequence[Sequence[int]],
+                remote: Sequence[Sequence[int]]) -> Entries:
+    """The reads that fill our blocks `local` (per KV cache group) from the peer's `remote`, layer pairs by group.
+
+    Our blocks take the tail of the peer's: leading blocks we already had (prefix hits) are not in `local`, and in a
+    sliding-window group neither side lists blocks before its window as real (vLLM freed them: the peer lists them
+    as its null block, we skip them), so the window's blocks line up from the end.
+    """
+    parts: list[Entries] = []
+    for group, local_ids in enumerate(local):
+        if not local_ids:
+            continue
+        if group >= len(remote) or len(remote[group]) < len(local_ids):
+            have = len(remote[group]) if group < len(remote) else 0
+            raise RuntimeError(f"group {group}: {len(local_ids)} blocks to load but the peer holds {have}")
+        tail = remote[group][len(remote[group]) - len(local_ids):]
+        group_pairs = [(mine, theirs) for mine, theirs in pairs if mine.group == group]
+        parts.append(build_entries(group_pairs, coalesce_runs(local_ids, tail)))
+    return merge(parts)
