@@ -14,7 +14,8 @@ names, which both vLLM's V4 model and transformers' load. The engine serves it w
   the same reference with dense compressed attention must differ on the long prompts (the engine follows the
   indexer's selection). The plain float64 reference stays the test of the checkpoint itself.
 - Whole prompts in one step, and chunked prefill (a 32-token budget: long prompts in chunks continuing a cached
-  context, decodes sharing steps with prefill chunks), give the reference's tokens.
+  context, decodes sharing steps with prefill chunks), on the V1 runner and on MRV2, give the reference's tokens;
+  the same prompts again, served from the prefix cache, give the same tokens.
 - DeepSeek V4.1 is refused at start-up, naming why: vLLM has no device-neutral V4.1 implementation to build on.
 """
 
@@ -58,20 +59,23 @@ def stored_reference(v4_model, v4_prompts) -> list[dict]:
 
 
 @pytest.fixture(scope="module")
-def v4_served(sim_v1_host, v4_model, v4_prompts) -> dict[str, dict]:
-    """Each engine configuration's outputs, and the usage counts its generation added (the host process keeps
-    counting across engines), one engine after the other on the shared host."""
+def v4_served(sim_v1_host, sim_host, v4_model, v4_prompts) -> dict[str, dict]:
+    """Each engine configuration's outputs (then the same prompts again, served from the prefix cache), and the
+    usage counts the first generation added (a host process keeps counting across engines), one engine after the
+    other on the shared hosts: the V1 runner with whole prompts and with chunked prefill, MRV2 chunked."""
     runs = {}
-    for name, extra in (("whole", {}), ("chunked", CHUNKED)):
-        sim_v1_host.start(v4_model, **(ENGINE | extra))
+    for name, host, extra in (("whole", sim_v1_host, {}), ("chunked", sim_v1_host, CHUNKED),
+                              ("mrv2", sim_host, CHUNKED)):
+        host.start(v4_model, **(ENGINE | extra))
         try:
-            before = sim_v1_host.usage()[0]["counts"]
-            outputs = sim_v1_host.generate(v4_prompts, max_tokens=MAX_TOKENS, logprobs=LOGPROBS)["outputs"]
-            usage = sim_v1_host.usage()[0]
+            before = host.usage()[0]["counts"]
+            outputs = host.generate(v4_prompts, max_tokens=MAX_TOKENS, logprobs=LOGPROBS)["outputs"]
+            usage = host.usage()[0]
+            again = host.generate(v4_prompts, max_tokens=MAX_TOKENS, logprobs=LOGPROBS)["outputs"]
         finally:
-            sim_v1_host.stop()
+            host.stop()
         counts = {k: v - before.get(k, 0) for k, v in usage["counts"].items()}
-        runs[name] = {"outputs": outputs, "counts": counts, "facts": usage["facts"]}
+        runs[name] = {"outputs": outputs, "again": again, "counts": counts, "facts": usage["facts"]}
     return runs
 
 
@@ -145,3 +149,17 @@ def test_simulated_lane_refuses_deepseek_v41_at_start_up_naming_why(sim_v1_host,
     assert err is not None, "the simulated lane started a DeepSeek V4.1 model it has no implementation for"
     assert "deepseek_v41" in err["message"] and "device-neutral" in err["message"], err
     assert "CUDA device" not in err["message"], err
+
+
+def test_mrv2_serves_the_same_tokens(v4_served, stored_reference):
+    mrv2 = v4_served["mrv2"]
+    assert "model_runner_v2" in mrv2["facts"]["runner_class"], mrv2["facts"]
+    assert mrv2["counts"]["attention.ascend_dsa.context_prefills"] > 0
+    check_logprobs_close(mrv2["outputs"], stored_reference, name_0="MRV2", name_1="float64 (fp8_ds_mla)")
+
+
+@pytest.mark.parametrize("run", ["whole", "chunked", "mrv2"])
+def test_prefix_cache_hits_serve_the_same_tokens(v4_served, run):
+    served = v4_served[run]
+    assert [o["token_ids"] for o in served["again"]] == [o["token_ids"] for o in served["outputs"]]
+    assert any(o["num_cached_tokens"] > 0 for o in served["again"]), "no prompt was served from the prefix cache"
