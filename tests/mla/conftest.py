@@ -135,13 +135,12 @@ def logprobs_close():
 
 @pytest.fixture(scope="session")
 def pd_pair(netns_host):
-    """`with pd_pair(model, name, ports, runner=None, **engine) as (prefill, decode)`: a kv_producer engine on core 0
-    and a kv_consumer engine on core 1 in the simulated lane (`runner`: the hosts' model runner, default the lane's),
-    inside the loopback namespace, joined by AscendMooncakeConnector on the side-channel `ports` (prefill, decode);
-    both started together, stopped on exit."""
+    """`with pd_pair(model, name, ports, **engine) as (prefill, decode)`: a kv_producer engine on core 0 and a
+    kv_consumer engine on core 1 in the simulated lane, inside the loopback namespace, joined by
+    AscendMooncakeConnector on the side-channel `ports` (prefill, decode); both started together, stopped on exit."""
 
     @contextlib.contextmanager
-    def pair(model, name: str, ports: tuple[int, int], runner: str | None = None, **engine):
+    def pair(model, name: str, ports: tuple[int, int], **engine):
         hosts = []
         try:
             for cpu, (role, port) in enumerate(zip(("kv_producer", "kv_consumer"), ports, strict=True)):
@@ -149,7 +148,7 @@ def pd_pair(netns_host):
                       "kv_load_failure_policy": "recompute",
                       "kv_connector_extra_config": {"side_channel_port": port, "abort_timeout_s": 30.0,
                                                     "handshake_timeout_s": 5.0, "claim_wait_s": 5.0}}
-                host = netns_host("simulated", cpu, runner)
+                host = netns_host("simulated", cpu)
                 host.start(str(model), wait=False, kv_transfer_config=kv, **engine)
                 hosts.append(host)
             for host in hosts:

@@ -3,7 +3,7 @@ left behind on the prefill engine, and generates what a single engine generates,
 
 The tiny V4 (`ascend_testkit.models.deepseek_v4`: layer 0 sliding-window only, layer 1 compressed with ratio 4 and
 the lightning indexer keeping 4 compressed entries; window 16) runs in the simulated lane with four KV cache groups
-of different block sizes and page sizes:
+of different block sizes and page sizes (on the lane's default runner, MRV2, sharing the MLA PD tests' hosts):
 
 - the sliding-window latent cache of each layer (fp8_ds_mla rows, 64-token blocks, window 16), one group per layer;
 - the compressed latent cache and the indexer's fp8 key cache of the compressed layer (256-token blocks, one
@@ -49,7 +49,7 @@ def v4_model(cache_root):
 
 @pytest.fixture(scope="module")
 def dsv4_pd_engines(pd_pair, v4_model):
-    with pd_pair(v4_model, "dsv4", (PREFILL_PORT, DECODE_PORT), runner="v1", **ENGINE) as pair:
+    with pd_pair(v4_model, "dsv4", (PREFILL_PORT, DECODE_PORT), **ENGINE) as pair:
         yield pair
 
 
