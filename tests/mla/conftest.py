@@ -164,20 +164,22 @@ def pd_pair(netns_host):
 
 @pytest.fixture(scope="session")
 def disaggregate():
-    """`disaggregate(prefill, decode, prompts, max_tokens, tag)` -> (the prefill engine's own outputs, the decode
-    engine's outputs after a remote prefill, the decode engine's connector stats). The prefill engine's prefix cache
-    is reset between its own run and the remote prefills, so the prompts are computed again."""
+    """`disaggregate(prefill, decode, prompts, max_tokens, tag, sampling=None)` -> (the prefill engine's own outputs,
+    the decode engine's outputs after a remote prefill, the decode engine's connector stats); `sampling`: extra
+    sampling parameters of those two runs (e.g. logprobs). The prefill engine's prefix cache is reset between its own
+    run and the remote prefills, so the prompts are computed again."""
 
-    def run(prefill, decode, prompts: dict[str, list[int]], max_tokens: int, tag: str):
+    def run(prefill, decode, prompts: dict[str, list[int]], max_tokens: int, tag: str, sampling: dict | None = None):
+        extra = {"sampling": sampling} if sampling else {}
         single = prefill.run_requests([{"id": f"single-{k}", "prompt_token_ids": ids, "max_tokens": max_tokens}
-                                       for k, ids in prompts.items()])
+                                       | extra for k, ids in prompts.items()])
         prefill.call("reset_prefix_cache")
         firsts = prefill.run_requests([{"id": f"p-{k}", "prompt_token_ids": ids, "max_tokens": 1,
                                         "kv_transfer_params": {"do_remote_decode": True,
                                                                "transfer_id": f"{tag}-{k}"}}
                                        for k, ids in prompts.items()])
         outs = decode.run_requests([{"id": f"d-{k}", "prompt_token_ids": ids, "max_tokens": max_tokens,
-                                     "kv_transfer_params": first["kv_transfer_params"]}
+                                     "kv_transfer_params": first["kv_transfer_params"]} | extra
                                     for (k, ids), first in zip(prompts.items(), firsts, strict=True)])
         return single, outs, decode.call("stats")
 

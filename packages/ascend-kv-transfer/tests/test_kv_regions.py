@@ -99,3 +99,37 @@ def test_interleaved_layers_register_as_one_span():
     raw = torch.zeros(8, 2, 64)  # blocks x layers x page: the layers' extents overlap
     kv = describe_kv_caches({"a": raw[:, 0, :], "b": raw[:, 1, :]})
     assert [(s.addr, s.nbytes) for s in kv.storages] == [(raw.data_ptr(), raw.nbytes)]
+
+
+def _hybrid_shared_tensor(blocks=6, pages=(64, 40)):
+    """Like vLLM's hybrid allocator (DeepSeek V4): one tensor backs a layer of each group, each layer's page padded to
+    the tensor's largest page, so block b of both layers is the same memory (the pool gives b to one group)."""
+    stride = max(pages)
+    raw = torch.zeros(blocks * stride, dtype=torch.int8)
+    views = {f"g{g}": torch.as_strided(raw, (blocks, page), (stride, 1)) for g, page in enumerate(pages)}
+    return raw, views
+
+
+def test_layers_of_different_groups_may_share_a_tensor():
+    raw, views = _hybrid_shared_tensor()
+    kv = describe_kv_caches(views, groups={"g0": 0, "g1": 1})
+    assert [(r.name, r.group, r.page_bytes, r.block_stride) for r in kv.regions] == [("g0", 0, 64, 64),
+                                                                                    ("g1", 1, 40, 64)]
+    # Registered once: the shared memory is one span, not two overlapping ones.
+    assert [(s.addr, s.nbytes) for s in kv.storages] == [(raw.data_ptr(), raw.numel())]
+
+
+def test_layers_of_one_group_sharing_a_tensor_are_still_rejected():
+    _, views = _hybrid_shared_tensor()
+    with pytest.raises(KVLayoutError, match="'g[01]' and 'g[01]' overlap"):
+        describe_kv_caches(views, groups={"g0": 2, "g1": 2})
+
+
+def test_a_dense_layer_and_a_padded_layer_of_one_stride_may_interleave_but_not_collide():
+    raw = torch.zeros(8 * 96, dtype=torch.int8)
+    dense = raw[:4 * 96].view(4, 96)  # stride = page
+    padded = torch.as_strided(raw[4 * 96:], (4, 32), (96, 1))  # after it: fine
+    describe_kv_caches({"dense": dense, "padded": padded})
+    inside = torch.as_strided(raw[3 * 96 + 50:], (4, 32), (96, 1))  # starts inside dense's last page
+    with pytest.raises(KVLayoutError, match="overlap"):
+        describe_kv_caches({"dense": dense, "inside": inside})

@@ -5,8 +5,11 @@ backing buffer. What a transfer engine registers is the memory the views cover: 
 merged where they touch or overlap (registering the same memory twice fails or double-counts). Not the whole
 allocation behind them: an allocator may pad its buffers to align them (the Ascend allocator starts each KV buffer
 on a 2 MiB boundary, which the device transports require of a registered base), and the padding is not KV.
-A layer's block must be one dense page (a gap-free byte range, in any internal order), and no two layers' pages
-may overlap; anything else is rejected with the layer's name.
+A layer's block must be one dense page (a gap-free byte range, in any internal order), and no two layers of one KV
+cache group may overlap; anything else is rejected with the layer's name. Layers of different groups may share memory:
+vLLM's hybrid allocator backs one layer of each group with the same tensor and hands each block id to one group at a
+time (DeepSeek V4's compressor states live in the pages of its compressed caches' blocks), so a block id's bytes
+belong to whichever group owns it.
 """
 
 from __future__ import annotations
@@ -78,7 +81,11 @@ def describe_kv_caches(kv_caches: Mapping[str, torch.Tensor], num_blocks: int | 
         regions.append(LayerRegion(name=name, base_addr=tensor.data_ptr(), block_stride=kernel_stride * ratio,
                                    page_bytes=kernel_page * ratio, num_blocks=kernel_blocks // ratio,
                                    group=(groups or {}).get(name, 0)))
-    _check_no_overlap(regions)
+    by_group: dict[int, list[LayerRegion]] = {}
+    for region in regions:
+        by_group.setdefault(region.group, []).append(region)
+    for members in by_group.values():
+        _check_no_overlap(members)
     return KVRegions(regions, [s for spans in extents.values() for s in _merge(spans)])
 
 
@@ -117,24 +124,20 @@ def _check_no_overlap(regions: list[LayerRegion]) -> None:
     """Two layers whose pages interleave would be copied over each other: reject them by name.
 
     Pages of one layer are spaced `block_stride` apart; another layer may live in the gaps (block-major layouts) but
-    never inside a page. Checking each pair of layers over one stride period is exact for equal strides.
+    never inside a page. Two layers of equal stride whose extents meet collide exactly when their pages do within one
+    stride period (page offsets taken modulo the stride); a dense layer (stride = page) is no exception.
     """
     by_stride: dict[int, list[LayerRegion]] = {}
     for r in regions:
         by_stride.setdefault(r.block_stride, []).append(r)
     for stride, group in by_stride.items():
-        spans = []
-        for r in group:
-            if stride == r.page_bytes:  # dense: the layer is one extent
-                spans.append((r.base_addr, r.base_addr + r.num_blocks * stride, r.name))
-        spans.sort()
-        for (s0, e0, n0), (s1, _e1, n1) in zip(spans, spans[1:], strict=False):
-            if s1 < e0:
-                raise KVLayoutError(f"layers {n0!r} and {n1!r} overlap ({s1 - s0} B apart, extent {e0 - s0} B)")
-        strided = [r for r in group if stride != r.page_bytes]
-        offsets = sorted(((r.base_addr % stride), r.page_bytes, r.name, r.base_addr) for r in strided)
-        for (o0, p0, n0, b0), (o1, _p1, n1, b1) in zip(offsets, offsets[1:], strict=False):
-            same_period = abs(b1 - b0) < stride * max(1, min(r.num_blocks for r in strided))
-            if same_period and o1 < o0 + p0:
-                raise KVLayoutError(f"layers {n0!r} and {n1!r} overlap within a block (offsets {o0} and {o1}, "
-                                    f"page {p0} B)")
+        spans = sorted((r.base_addr, r.base_addr + (r.num_blocks - 1) * stride + r.page_bytes, r) for r in group
+                       if r.num_blocks > 0)
+        for i, (s0, e0, r0) in enumerate(spans):
+            for s1, _e1, r1 in spans[i + 1:]:
+                if s1 >= e0:
+                    break  # sorted by start: no later layer reaches into this one's extent
+                apart = (s1 - s0) % stride
+                if apart < r0.page_bytes or stride - apart < r1.page_bytes:
+                    raise KVLayoutError(f"layers {r0.name!r} and {r1.name!r} overlap ({s1 - s0} B apart, page "
+                                        f"{r0.page_bytes} B, stride {stride} B)")

@@ -54,3 +54,26 @@ def connector_stats(worker: Any) -> dict[str, Any]:
         return {}
     connector = get_kv_transfer_group()
     return connector.connector_stats() if hasattr(connector, "connector_stats") else {}
+
+
+def kv_groups(worker: Any) -> list[dict[str, Any]]:
+    """The runner's KV cache groups as a connector sees them: per group its spec kind and geometry (block size, page
+    bytes, sliding window, tokens per state) and whether vLLM lets connectors transfer it, with each layer's own
+    page bytes (a group of `UniformTypeKVCacheSpecs` holds layers of several page sizes)."""
+    config = getattr(worker.model_runner, "kv_cache_config", None)
+    if config is None:
+        return []
+    out = []
+    for group in config.kv_cache_groups:
+        spec = group.kv_cache_spec
+        specs = getattr(spec, "kv_cache_specs", None) or {name: spec for name in group.layer_names}
+        first = specs[group.layer_names[0]]
+        out.append({
+            "spec": type(first).__name__,
+            "block_size": int(first.block_size),
+            "sliding_window": getattr(first, "sliding_window", None),
+            "tokens_per_state": int(getattr(first, "tokens_per_state", 1) or 1),
+            "enable_kv_transfer": bool(getattr(group, "enable_kv_transfer", True)),
+            "layers": {name: int(specs[name].page_size_bytes) for name in group.layer_names},
+        })
+    return out

@@ -26,7 +26,7 @@ from ascend_kv_transfer.options import MooncakeOptions
 from ascend_kv_transfer.p2p import schema
 from ascend_kv_transfer.p2p.geometry import check_geometry, match_regions
 from ascend_kv_transfer.p2p.handoff import PARK_S, PullHandoff, PullResult
-from ascend_kv_transfer.p2p.plan import Entries, build_entries, coalesce_runs
+from ascend_kv_transfer.p2p.plan import Entries, plan_groups
 from ascend_kv_transfer.p2p.side_channel import Deferred, SideChannelClient, SideChannelServer
 from ascend_kv_transfer.p2p.step_driver import StepDriver
 from ascend_kv_transfer.p2p.transfer_engine import TransferEngineHandle
@@ -315,21 +315,7 @@ class MooncakeAgent:
 
     def plan(self, meta: schema.AgentMetadata, local: list[list[int]], remote: list[list[int]]) -> Entries:
         assert self.kv is not None
-        pairs = match_regions(self.kv.regions, meta)
-        entries = Entries([], [], [])
-        for group, local_ids in enumerate(local):
-            if not local_ids:
-                continue
-            if group >= len(remote) or len(remote[group]) < len(local_ids):
-                have = len(remote[group]) if group < len(remote) else 0
-                raise RuntimeError(f"group {group}: {len(local_ids)} blocks to load but the peer holds {have}")
-            tail = remote[group][len(remote[group]) - len(local_ids):]
-            group_pairs = [(mine, theirs) for mine, theirs in pairs if mine.group == group]
-            part = build_entries(group_pairs, coalesce_runs(local_ids, tail))
-            entries.local += part.local
-            entries.remote += part.remote
-            entries.lengths += part.lengths
-        return entries
+        return plan_groups(match_regions(self.kv.regions, meta), local, remote)
 
     def record(self, result: PullResult) -> None:
         with self._lock:

@@ -50,6 +50,8 @@ class PullResult:
     calls: int = 0
     seconds: float = 0.0
     error: str | None = None
+    # Bytes read per layer (a pull; a push reports none): what each cache kind of a hybrid model moved.
+    layer_bytes: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(eq=False)

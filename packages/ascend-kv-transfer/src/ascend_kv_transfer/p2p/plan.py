@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ascend_kv_transfer.p2p.schema import LayerRegion
 
@@ -39,6 +39,8 @@ class Entries:
     local: list[int]
     remote: list[int]
     lengths: list[int]
+    # Bytes per layer (what each cache kind of a hybrid model moved, for stats and tests).
+    layer_bytes: dict[str, int] = field(default_factory=dict)
 
     def __len__(self) -> int:
         return len(self.lengths)
@@ -53,6 +55,9 @@ def build_entries(pairs: Sequence[tuple[LayerRegion, LayerRegion]], runs: Sequen
     entries = Entries([], [], [])
     for mine, theirs in pairs:
         dense = mine.block_stride == mine.page_bytes and theirs.block_stride == theirs.page_bytes
+        moved = sum(run.length for run in runs) * mine.page_bytes
+        if moved:
+            entries.layer_bytes[mine.name] = entries.layer_bytes.get(mine.name, 0) + moved
         for run in runs:
             if run.local_start + run.length > mine.num_blocks or run.remote_start + run.length > theirs.num_blocks:
                 raise ValueError(f"block run {run} outside layer {mine.name!r} "
@@ -75,3 +80,36 @@ def chunk(entries: Entries, max_entries: int) -> list[Entries]:
         raise ValueError(f"max_entries={max_entries}")
     return [Entries(entries.local[i:i + max_entries], entries.remote[i:i + max_entries],
                     entries.lengths[i:i + max_entries]) for i in range(0, len(entries), max_entries)]
+
+
+def merge(parts: Sequence[Entries]) -> Entries:
+    """One batch of several plans' entries (e.g. one per KV cache group), their per-layer bytes summed."""
+    out = Entries([], [], [])
+    for part in parts:
+        out.local += part.local
+        out.remote += part.remote
+        out.lengths += part.lengths
+        for name, nbytes in part.layer_bytes.items():
+            out.layer_bytes[name] = out.layer_bytes.get(name, 0) + nbytes
+    return out
+
+
+def plan_groups(pairs: Sequence[tuple[LayerRegion, LayerRegion]], local: Sequence[Sequence[int]],
+                remote: Sequence[Sequence[int]]) -> Entries:
+    """The reads that fill our blocks `local` (per KV cache group) from the peer's `remote`, layer pairs by group.
+
+    Our blocks take the tail of the peer's: leading blocks we already had (prefix hits) are not in `local`, and in a
+    sliding-window group neither side lists blocks before its window as real (vLLM freed them: the peer lists them
+    as its null block, we skip them), so the window's blocks line up from the end.
+    """
+    parts: list[Entries] = []
+    for group, local_ids in enumerate(local):
+        if not local_ids:
+            continue
+        if group >= len(remote) or len(remote[group]) < len(local_ids):
+            have = len(remote[group]) if group < len(remote) else 0
+            raise RuntimeError(f"group {group}: {len(local_ids)} blocks to load but the peer holds {have}")
+        tail = remote[group][len(remote[group]) - len(local_ids):]
+        group_pairs = [(mine, theirs) for mine, theirs in pairs if mine.group == group]
+        parts.append(build_entries(group_pairs, coalesce_runs(local_ids, tail)))
+    return merge(parts)

@@ -129,6 +129,7 @@ class StepDriver:
         assert h.meta is not None
         entries = self.agent.plan(h.meta, h.local_block_ids, h.remote_block_ids)
         h.result.entries, h.result.nbytes = len(entries), entries.nbytes
+        h.result.layer_bytes = dict(entries.layer_bytes)
         peer = f"{h.meta.host}:{h.meta.rpc_port}"
         on_thread = any(r.reading is not None and not r.reading.done() for r in self._running)
         if self.pool is None or (entries.nbytes <= self.inline_read_max_bytes and not on_thread):
