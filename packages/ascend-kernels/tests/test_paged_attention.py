@@ -338,3 +338,38 @@ def test_requests_split_into_kv_head_groups(strided_caches, monkeypatch, dtype):
     _run(strided_caches, q_lens=[1, 3, 1], seq_lens=[40, 21, 33], heads=8, kv_heads=4, dtype=dtype, with_sinks=True,
          window=19)
     assert parts == [1] * 12  # 3 requests x 4 KV heads, one (request, head) matrix each
+
+
+@pytest.mark.parametrize("emulated", [True, False])
+@pytest.mark.parametrize("separate", [False, True])  # the packed one-gather reader, the two-gather one
+def test_reduced_precision_in_float32_where_the_cpu_only_emulates_it(strided_caches, monkeypatch, emulated, separate):
+    """Where torch's CPU matmul only emulates bfloat16 (no oneDNN support), the block matmuls run on a float32 copy
+    of the gathered pages, else on the pages as they are; both match the naive formulation, sinks, masks, GQA and
+    KV-head groups included."""
+    from ascend_kernels.reference import attention
+
+    monkeypatch.setattr(attention, "_emulated_matmul", lambda dtype: emulated and dtype == torch.bfloat16)
+    monkeypatch.setattr(attention, "CHUNK_BYTES", 1)  # every request as groups of KV heads
+    seen = []
+    attend = attention._attend_blocks
+    monkeypatch.setattr(attention, "_attend_blocks", lambda q, k, v, *a: seen.append(k.dtype) or attend(q, k, v, *a))
+
+    def caches(*args, **kwargs):
+        backing, k, v = strided_caches(*args, **kwargs)
+        return (backing, k.contiguous(), v.contiguous()) if separate else (backing, k, v)
+
+    _run(caches, q_lens=[1, 1, 3], seq_lens=[32, 33, 21], heads=8, kv_heads=2, dtype=torch.bfloat16,
+         with_sinks=True, window=19)
+    _run(caches, q_lens=[1, 1], seq_lens=[16, 47], heads=8, kv_heads=4, dtype=torch.bfloat16)
+    assert seen and set(seen) == {torch.float32 if emulated else torch.bfloat16}
+
+
+def test_emulated_matmul_follows_torchs_onednn_probe():
+    from ascend_kernels.reference.attention import _emulated_matmul
+
+    assert not _emulated_matmul(torch.float32) and not _emulated_matmul(torch.float64)
+    if torch.backends.mkldnn.is_available():
+        assert _emulated_matmul(torch.bfloat16) == (not torch.ops.mkldnn._is_mkldnn_bf16_supported())
+        assert _emulated_matmul(torch.float16) == (not torch.ops.mkldnn._is_mkldnn_fp16_supported())
+    else:
+        assert _emulated_matmul(torch.bfloat16) and _emulated_matmul(torch.float16)

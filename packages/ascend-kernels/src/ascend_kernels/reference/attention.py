@@ -18,6 +18,7 @@ sequence, on the caller's intra-op threads.
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import threading
 
@@ -174,14 +175,43 @@ def _chunks(qlens: list[int], ctx_blocks: list[int], bytes_per_block: int, limit
     return chunks
 
 
-def _page_reader(key_cache: torch.Tensor, value_cache: torch.Tensor, table: torch.Tensor):
+@functools.cache
+def _emulated_matmul(dtype: torch.dtype) -> bool:
+    """Whether torch's CPU matmul only emulates `dtype` (a reduced precision without oneDNN support: AVX2 CPUs).
+
+    There a reduced-precision bmm is a slow per-matrix fallback, so the block matmuls convert the gathered pages to
+    float32 first. Measured on the 2-core AVX2 dev machine (one thread, one request's 8 KV heads x 1,024 keys,
+    head 128): bfloat16 p @ V 8.6 ms on the strided V / 3.5 ms dense, q @ K^T 1.4-1.5 ms; converting the gathered
+    K|V to float32 0.33 ms, then both float32 matmuls 0.63 ms.
+    """
+    if dtype not in (torch.bfloat16, torch.float16):
+        return False
+    if not torch.backends.mkldnn.is_available():
+        return True
+    probe = (torch.ops.mkldnn._is_mkldnn_bf16_supported if dtype == torch.bfloat16
+             else torch.ops.mkldnn._is_mkldnn_fp16_supported)
+    return not probe()
+
+
+def _matmul_dtype(cache: torch.Tensor) -> torch.dtype:
+    """The dtype the block matmuls run in: the cache's, or float32 where the CPU only emulates it."""
+    return torch.float32 if cache.device.type == "cpu" and _emulated_matmul(cache.dtype) else cache.dtype
+
+
+def _as_dtype(tag: str, t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """`t` in `dtype`, converted (one copy) into a reused workspace of `t`'s shape when it differs."""
+    return t if t.dtype == dtype else _workspace(tag, t.shape, dtype, t.device).copy_(t)
+
+
+def _page_reader(key_cache: torch.Tensor, value_cache: torch.Tensor, table: torch.Tensor, dtype: torch.dtype):
     """One call's gather of head-major pages: `read(blocks, nbk, kv_heads)` (blocks: `[n, >= nbk]` block ids, or a
-    slice of `table`'s rows; kv_heads a slice of KV heads) -> (k, v), each `[n * heads, nbk * block_size, head]`
-    (one matrix per (request, KV head)).
+    slice of `table`'s rows; kv_heads a slice of KV heads) -> (k, v) in `dtype`, each `[n * heads, nbk *
+    block_size, head]` (one matrix per (request, KV head)).
 
     The allocator's packed K|V caches take ONE index_select of whole (block, head) K|V pages per chunk (half the
     DRAM streams of two gathers), with each block's first page row computed once per call; other layouts fall back
-    to `_gather_pages`.
+    to `_gather_pages`. The pages are gathered in the cache's dtype (fewest bytes out of the cache) and converted
+    to `dtype` after, in one copy of the packed pages.
     """
     d = key_cache.shape[3]
     packed = _packed_kv(key_cache, value_cache)
@@ -191,10 +221,10 @@ def _page_reader(key_cache: torch.Tensor, value_cache: torch.Tensor, table: torc
         def read_any(rows, nbk: int, kv_heads: slice = slice(None)):
             blocks = table[rows, :nbk] if isinstance(rows, slice) else rows[:, :nbk]
             if packed is not None:
-                kv = _gather_pages("kv", packed[:, :, kv_heads], blocks).flatten(0, 1)
+                kv = _as_dtype("kv_mm", _gather_pages("kv", packed[:, :, kv_heads], blocks).flatten(0, 1), dtype)
                 return kv[..., :d], kv[..., d:]
-            return (_gather_pages("k", key_cache[:, :, kv_heads], blocks).flatten(0, 1),
-                    _gather_pages("v", value_cache[:, :, kv_heads], blocks).flatten(0, 1))
+            return (_as_dtype("k_mm", _gather_pages("k", key_cache[:, :, kv_heads], blocks).flatten(0, 1), dtype),
+                    _as_dtype("v_mm", _gather_pages("v", value_cache[:, :, kv_heads], blocks).flatten(0, 1), dtype))
 
         return read_any
     page_rows, per_block, first = pages
@@ -209,7 +239,7 @@ def _page_reader(key_cache: torch.Tensor, value_cache: torch.Tensor, table: torc
             index = ((rows[:, :nbk] * per_block + first)[:, None, :] + heads[kv_heads]).view(-1)
         dst = _workspace("kv", (index.numel(), bs * 2 * d), packed.dtype, packed.device)
         torch.index_select(page_rows, 0, index, out=dst)
-        kv = dst.view(-1, nbk * bs, 2 * d)
+        kv = _as_dtype("kv_mm", dst.view(-1, nbk * bs, 2 * d), dtype)
         return kv[..., :d], kv[..., d:]
 
     return read_pages
@@ -223,13 +253,13 @@ def _attend_blocks(q, k, v, mask, scale, sink_rows):
     Three-dimensional operands throughout: the call count per chunk is what a decode step pays for (~2 us each).
     Scores are `q @ K^T` (rows x keys), the orientation BLAS runs ~3x faster than `K @ q^T` for a handful of rows.
     Reduced-precision scores go to softmax as they are: torch's CPU softmax computes in float32 internally and
-    rounds once, which is what the float() -> softmax -> to() round trip did in three ops. Returns
-    `[n * hkv, rows, dv]` in q's dtype.
+    rounds once, which is what the float() -> softmax -> to() round trip did in three ops. k and v come in the
+    matmul dtype (`_matmul_dtype`), which q is brought to. Returns `[n * hkv, rows, dv]` in that dtype.
     """
     if k.dtype != torch.float32 and not k.is_contiguous():
         # oneDNN's reduced-precision GEMM is ~2-8x slower on a strided K^T than a copy plus a dense one.
         k = _workspace("k_dense", k.shape, k.dtype, k.device).copy_(k)
-    s = torch.bmm(q * scale, k.transpose(1, 2))
+    s = torch.bmm(q.to(k.dtype) * scale, k.transpose(1, 2))
     if mask is not None:  # [n * hkv, rows, keys] seen as [n, hkv, rows, keys]
         s.view(mask.shape[0], -1, *s.shape[1:]).masked_fill_(~mask, float("-inf"))
     if sink_rows is None:
@@ -238,7 +268,7 @@ def _attend_blocks(q, k, v, mask, scale, sink_rows):
         s = s.float().view(-1, *sink_rows.shape[1:3], s.shape[2])
         top = torch.maximum(s.amax(dim=-1, keepdim=True), sink_rows)
         e = torch.exp(s - top)
-        p = (e / (e.sum(dim=-1, keepdim=True) + torch.exp(sink_rows - top))).to(q.dtype).flatten(0, 1)
+        p = (e / (e.sum(dim=-1, keepdim=True) + torch.exp(sink_rows - top))).to(v.dtype).flatten(0, 1)
     return torch.bmm(p, v)
 
 
@@ -289,7 +319,15 @@ def paged_attention(
         out[starts[-1] :].zero_()
     qlens = [starts[i + 1] - starts[i] for i in range(r)]
     ctx_blocks = [-(-n // bs) for n in lens]
-    per_block = bs * hkv * (d + dv + (d if key_cache.dtype != torch.float32 else 0)) * key_cache.element_size()
+    # Gathered bytes per block: the pages, plus their float32 copy where the CPU only emulates the cache's dtype,
+    # else the dense K copy reduced precision makes (see _attend_blocks).
+    matmul_dtype = _matmul_dtype(key_cache)
+    elem = key_cache.element_size()
+    if matmul_dtype != key_cache.dtype:
+        per_token = (d + dv) * (elem + torch.empty((), dtype=matmul_dtype).element_size())
+    else:
+        per_token = (d + dv + (d if key_cache.dtype != torch.float32 else 0)) * elem
+    per_block = bs * hkv * per_token
     device = query.device
     table = block_table.long().clamp(0, key_cache.shape[0] - 1)  # never in place: the caller's table may be long
 
@@ -301,7 +339,7 @@ def paged_attention(
     chunks = _chunks(qlens, ctx_blocks, per_block, limit)
     read = None
     if any(by_blocks(qlens[idx[0]]) for idx in chunks):
-        read = _page_reader(key_cache, value_cache, table)
+        read = _page_reader(key_cache, value_cache, table, matmul_dtype)
 
     def head_groups(idx: list[int]) -> list[tuple[list[int], slice]]:
         """A chunk's (requests, KV heads) parts: a lone request over the budget is split into groups of KV heads."""
