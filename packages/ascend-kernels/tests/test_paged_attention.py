@@ -340,19 +340,24 @@ def test_requests_split_into_kv_head_groups(strided_caches, monkeypatch, dtype):
     assert parts == [1] * 12  # 3 requests x 4 KV heads, one (request, head) matrix each
 
 
-@pytest.mark.parametrize("emulated", [True, False])
-@pytest.mark.parametrize("separate", [False, True])  # the packed one-gather reader, the two-gather one
-def test_reduced_precision_in_float32_where_the_cpu_only_emulates_it(strided_caches, monkeypatch, emulated, separate):
-    """Where torch's CPU matmul only emulates bfloat16 (no oneDNN support), the block matmuls run on a float32 copy
-    of the gathered pages, else on the pages as they are; both match the naive formulation, sinks, masks, GQA and
-    KV-head groups included."""
+@pytest.mark.parametrize("path", ["native", "gather_then_convert", "convert_per_block"])
+@pytest.mark.parametrize("separate", [False, True])  # the allocator's packed K|V pages, separate contiguous caches
+def test_reduced_precision_in_float32_where_the_cpu_only_emulates_it(strided_caches, monkeypatch, path, separate):
+    """Where torch's CPU matmul only emulates bfloat16 (no oneDNN support), the block matmuls run on float32 pages
+    (gathered then converted, or converted block by block into place), else on the pages as they are; every way
+    matches the naive formulation, sinks, masks, GQA and KV-head groups included."""
     from ascend_kernels.reference import attention
 
+    emulated = path != "native"
     monkeypatch.setattr(attention, "_emulated_matmul", lambda dtype: emulated and dtype == torch.bfloat16)
+    monkeypatch.setattr(attention, "PAGE_COPY_MIN_BYTES", 0 if path == "convert_per_block" else 1 << 40)
     monkeypatch.setattr(attention, "CHUNK_BYTES", 1)  # every request as groups of KV heads
     seen = []
     attend = attention._attend_blocks
     monkeypatch.setattr(attention, "_attend_blocks", lambda q, k, v, *a: seen.append(k.dtype) or attend(q, k, v, *a))
+    converting = attention._converting_reader
+    readers = []
+    monkeypatch.setattr(attention, "_converting_reader", lambda *a: readers.append(a) or converting(*a))
 
     def caches(*args, **kwargs):
         backing, k, v = strided_caches(*args, **kwargs)
@@ -362,6 +367,7 @@ def test_reduced_precision_in_float32_where_the_cpu_only_emulates_it(strided_cac
          with_sinks=True, window=19)
     _run(caches, q_lens=[1, 1], seq_lens=[16, 47], heads=8, kv_heads=4, dtype=torch.bfloat16)
     assert seen and set(seen) == {torch.float32 if emulated else torch.bfloat16}
+    assert len(readers) == (2 if path == "convert_per_block" else 0)
 
 
 def test_emulated_matmul_follows_torchs_onednn_probe():
