@@ -11,8 +11,9 @@ threads every torch op is an OpenMP region whose barrier waits for a descheduled
 previous per-(request, block, head) formulation needed about twice the ops, with re-layout copies of queries, scores
 and probabilities, and ran ~2x slower at load ~8 on 2 cores). So the block-matmul chunks run on one intra-op thread
 each, and the caller's N intra-op threads become N Python threads that share the chunks (`chunk_threads`: no barrier
-per op, one wait per call). Many rows (prefill): torch's fused scaled_dot_product_attention over the gathered
-sequence, on the caller's intra-op threads.
+per op, one wait per call). A reduced-precision cache on a CPU whose torch matmul only emulates that precision
+(no oneDNN bfloat16/float16: AVX2) is read into float32 pages for the block matmuls (`_matmul_dtype`). Many rows
+(prefill): torch's fused scaled_dot_product_attention over the gathered sequence, on the caller's intra-op threads.
 """
 
 from __future__ import annotations
