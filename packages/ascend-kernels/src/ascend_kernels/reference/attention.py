@@ -41,8 +41,8 @@ MLA_CHUNK_BYTES = 8 << 20
 # Where the matmuls run in float32 over a reduced-precision cache, a block's pages (all KV heads, in the cache's
 # dtype) at least this big are converted block by block straight into place (`_converting_reader`); smaller ones
 # are gathered in the cache's dtype and converted after, since a copy per block costs a few us of dispatch.
-# bfloat16 decode, 8 x 1,024 tokens, 2 threads, interleaved against the gather + conversion (loaded machine):
-# block 128 (512 KiB) 26-32 vs 30-40 ms; block 16 (64 KiB) 18-20 vs 15-16 ms; 32 and 64 within noise.
+# bfloat16 decode, 8 x 1,024 tokens, 2 threads, best of 10 interleaved with the gather + conversion (load ~4-5):
+# block 128 (512 KiB) 30-34 vs 38-40 ms; block 16 (64 KiB) 18-20 vs 15-16 ms; 32 and 64 within the noise.
 PAGE_COPY_MIN_BYTES = 256 << 10
 # Up to this many query rows per KV head (q_len * heads per KV head) use the block-batched matmuls; more use SDPA.
 SMALL_ROWS = 64
