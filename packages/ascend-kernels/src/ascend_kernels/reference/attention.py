@@ -12,7 +12,8 @@ previous per-(request, block, head) formulation needed about twice the ops, with
 and probabilities, and ran ~2x slower at load ~8 on 2 cores). So the block-matmul chunks run on one intra-op thread
 each, and the caller's N intra-op threads become N Python threads that share the chunks (`chunk_threads`: no barrier
 per op, one wait per call). A reduced-precision cache on a CPU whose torch matmul only emulates that precision
-(no oneDNN bfloat16/float16: AVX2) is read into float32 pages for the block matmuls (`_matmul_dtype`). Many rows
+(no oneDNN bfloat16/float16: AVX2) goes to torch's fused attention over the gathered pages, or with sinks is read
+into float32 pages for the block matmuls (`_emulated_matmul`, `_attend_blocks`). Many rows
 (prefill): torch's fused scaled_dot_product_attention over the gathered sequence, on the caller's intra-op threads.
 """
 
@@ -186,8 +187,8 @@ def _chunks(qlens: list[int], ctx_blocks: list[int], bytes_per_block: int, limit
 def _emulated_matmul(dtype: torch.dtype) -> bool:
     """Whether torch's CPU matmul only emulates `dtype` (a reduced precision without oneDNN support: AVX2 CPUs).
 
-    There a reduced-precision bmm is a slow per-matrix fallback, so the block matmuls convert the gathered pages to
-    float32 first. Measured on the 2-core AVX2 dev machine (one thread, one request's 8 KV heads x 1,024 keys,
+    There a reduced-precision bmm is a slow per-matrix fallback, so the block matmuls never run in it (see
+    `_attend_blocks`). Measured on the 2-core AVX2 dev machine (one thread, one request's 8 KV heads x 1,024 keys,
     head 128): bfloat16 p @ V 8.6 ms on the strided V / 3.5 ms dense, q @ K^T 1.4-1.5 ms; converting the gathered
     K|V to float32 0.33 ms, then both float32 matmuls 0.63 ms.
     """
@@ -302,7 +303,21 @@ def _attend_blocks(q, k, v, mask, scale, sink_rows):
     Reduced-precision scores go to softmax as they are: torch's CPU softmax computes in float32 internally and
     rounds once, which is what the float() -> softmax -> to() round trip did in three ops. k and v come in the
     matmul dtype (`_matmul_dtype`), which q is brought to. Returns `[n * hkv, rows, dv]` in that dtype.
+
+    Pages in a reduced precision the CPU only emulates (the caller reads them so when there are no sinks) go through
+    torch's fused attention instead, which converts tile by tile in cache: a float32 copy of every page for the
+    matmuls doubles the bytes a chunk moves, which a loaded machine punishes most. 1 thread, the benchmark's
+    bfloat16 decode, CPU time median of 30 (load 6-7): 16.5-17.5 ms vs 24.1-24.5 ms; 2 threads, best of 10: 23-33
+    ms vs 29-47 ms, lower in each of 5 interleaved trials.
     """
+    if sink_rows is None and k.device.type == "cpu" and _emulated_matmul(k.dtype):
+        if mask is None:
+            return F.scaled_dot_product_attention(q, k, v, scale=scale)
+        n = mask.shape[0]
+        shape = (n, q.shape[0] // n, -1)
+        o = F.scaled_dot_product_attention(q.view(*shape, q.shape[2]), k.view(*shape, k.shape[2]),
+                                           v.view(*shape, v.shape[2]), attn_mask=mask, scale=scale)
+        return o.flatten(0, 1)
     if k.dtype != torch.float32 and not k.is_contiguous():
         # oneDNN's reduced-precision GEMM is ~2-8x slower on a strided K^T than a copy plus a dense one.
         k = _workspace("k_dense", k.shape, k.dtype, k.device).copy_(k)
@@ -366,11 +381,13 @@ def paged_attention(
         out[starts[-1] :].zero_()
     qlens = [starts[i + 1] - starts[i] for i in range(r)]
     ctx_blocks = [-(-n // bs) for n in lens]
-    # Gathered bytes per block: the pages in the matmul dtype, plus the dense K copy reduced precision makes (see
-    # _attend_blocks).
-    matmul_dtype = _matmul_dtype(key_cache)
-    elem = torch.empty((), dtype=matmul_dtype).element_size()
-    per_token = (d + dv + (d if matmul_dtype != torch.float32 else 0)) * elem
+    # The pages are read in the matmul dtype, except that without sinks a precision the CPU only emulates goes to
+    # torch's fused attention as it is (see _attend_blocks). Gathered bytes per block: the pages, plus the dense K
+    # copy natively supported reduced precision makes.
+    read_dtype = key_cache.dtype if sinks is None else _matmul_dtype(key_cache)
+    elem = torch.empty((), dtype=read_dtype).element_size()
+    dense_k = read_dtype != torch.float32 and not _emulated_matmul(read_dtype)
+    per_token = (d + dv + (d if dense_k else 0)) * elem
     per_block = bs * hkv * per_token
     device = query.device
     table = block_table.long().clamp(0, key_cache.shape[0] - 1)  # never in place: the caller's table may be long
@@ -383,7 +400,7 @@ def paged_attention(
     chunks = _chunks(qlens, ctx_blocks, per_block, limit)
     read = None
     if any(by_blocks(qlens[idx[0]]) for idx in chunks):
-        read = _page_reader(key_cache, value_cache, table, matmul_dtype)
+        read = _page_reader(key_cache, value_cache, table, read_dtype)
 
     def head_groups(idx: list[int]) -> list[tuple[list[int], slice]]:
         """A chunk's (requests, KV heads) parts: a lone request over the budget is split into groups of KV heads."""
