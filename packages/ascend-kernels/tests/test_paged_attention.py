@@ -360,7 +360,7 @@ def test_reduced_precision_where_the_cpu_only_emulates_it(strided_caches, monkey
     fused = []
     sdpa = attention.F.scaled_dot_product_attention
     monkeypatch.setattr(attention.F, "scaled_dot_product_attention",
-                        lambda *a, **kw: fused.append(a[1].dtype) or sdpa(*a, **kw))
+                        lambda *a, **kw: fused.append((a[1].dtype, a[1].dim())) or sdpa(*a, **kw))
     converting = attention._converting_reader
     readers = []
     monkeypatch.setattr(attention, "_converting_reader", lambda *a: readers.append(a) or converting(*a))
@@ -376,7 +376,8 @@ def test_reduced_precision_where_the_cpu_only_emulates_it(strided_caches, monkey
     if emulated:
         assert {dtype for dtype, sinks in seen if sinks} == {torch.float32}
         assert {dtype for dtype, sinks in seen if not sinks} == {torch.bfloat16}
-        assert fused and set(fused) == {torch.bfloat16}
+        # four-dimensional operands: with three, torch's CPU attention falls back to its unfused (emulated) matmuls
+        assert fused and set(fused) == {(torch.bfloat16, 4)}
     else:
         assert {dtype for dtype, _ in seen} == {torch.bfloat16} and not fused
     assert len(readers) == (1 if path == "convert_per_block" else 0)
