@@ -307,8 +307,8 @@ def _attend_blocks(q, k, v, mask, scale, sink_rows):
     Pages in a reduced precision the CPU only emulates (the caller reads them so when there are no sinks) go through
     torch's fused attention instead, which converts tile by tile in cache: a float32 copy of every page for the
     matmuls doubles the bytes a chunk moves, which a loaded machine punishes most. 1 thread, the benchmark's
-    bfloat16 decode, CPU time median of 30 (load 6-7): 16.5-17.5 ms vs 24.1-24.5 ms; 2 threads, best of 10: 23-33
-    ms vs 29-47 ms, lower in each of 5 interleaved trials.
+    bfloat16 decode, CPU time median of 30 (load 6-8): 16.5-17.5 vs 24.1-24.5 ms, in two later runs 14.5 vs 16.7
+    and 13.1 vs 12.7 ms; 2 threads, best of 10: 23-33 vs 29-47 ms, lower in each of 5 interleaved trials.
     """
     if sink_rows is None and k.device.type == "cpu" and _emulated_matmul(k.dtype):
         # Four-dimensional operands: torch's fused CPU kernel takes only those (three fall back to its unfused math,
