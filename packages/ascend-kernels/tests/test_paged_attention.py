@@ -338,3 +338,57 @@ def test_requests_split_into_kv_head_groups(strided_caches, monkeypatch, dtype):
     _run(strided_caches, q_lens=[1, 3, 1], seq_lens=[40, 21, 33], heads=8, kv_heads=4, dtype=dtype, with_sinks=True,
          window=19)
     assert parts == [1] * 12  # 3 requests x 4 KV heads, one (request, head) matrix each
+
+
+@pytest.mark.parametrize("path", ["native", "gather_then_convert", "convert_per_block"])
+@pytest.mark.parametrize("separate", [False, True])  # the allocator's packed K|V pages, separate contiguous caches
+def test_reduced_precision_where_the_cpu_only_emulates_it(strided_caches, monkeypatch, path, separate):
+    """Where torch's CPU matmul only emulates bfloat16 (no oneDNN support), a call with sinks runs the block matmuls
+    on float32 pages (gathered then converted, or converted block by block into place) and one without goes to
+    torch's fused attention over the bfloat16 pages; natively the block matmuls take the pages as they are. Every
+    way matches the naive formulation: masks or none, GQA, KV-head groups, a distinct V head size."""
+    from ascend_kernels.reference import attention
+
+    emulated = path != "native"
+    monkeypatch.setattr(attention, "_emulated_matmul", lambda dtype: emulated and dtype == torch.bfloat16)
+    monkeypatch.setattr(attention, "PAGE_COPY_MIN_BYTES", 0 if path == "convert_per_block" else 1 << 40)
+    monkeypatch.setattr(attention, "CHUNK_BYTES", 1)  # every request as groups of KV heads
+    seen = []  # (pages dtype, sinks given) per block-path part
+    attend = attention._attend_blocks
+    monkeypatch.setattr(attention, "_attend_blocks",
+                        lambda q, k, *a: seen.append((k.dtype, a[-1] is not None)) or attend(q, k, *a))
+    fused = []
+    sdpa = attention.F.scaled_dot_product_attention
+    monkeypatch.setattr(attention.F, "scaled_dot_product_attention",
+                        lambda *a, **kw: fused.append((a[1].dtype, a[1].dim())) or sdpa(*a, **kw))
+    converting = attention._converting_reader
+    readers = []
+    monkeypatch.setattr(attention, "_converting_reader", lambda *a: readers.append(a) or converting(*a))
+
+    def caches(*args, **kwargs):
+        backing, k, v = strided_caches(*args, **kwargs)
+        return (backing, k.contiguous(), v.contiguous()) if separate else (backing, k, v)
+
+    _run(caches, q_lens=[1, 1, 3], seq_lens=[32, 33, 21], heads=8, kv_heads=2, dtype=torch.bfloat16,
+         with_sinks=True, window=19)
+    _run(caches, q_lens=[1, 1, 2], seq_lens=[16, 47, 30], heads=8, kv_heads=4, dtype=torch.bfloat16)
+    _run(caches, q_lens=[1, 1], seq_lens=[32, 16], heads=8, kv_heads=2, dtype=torch.bfloat16, head_v=16)  # no mask
+    if emulated:
+        assert {dtype for dtype, sinks in seen if sinks} == {torch.float32}
+        assert {dtype for dtype, sinks in seen if not sinks} == {torch.bfloat16}
+        # four-dimensional operands: with three, torch's CPU attention falls back to its unfused (emulated) matmuls
+        assert fused and set(fused) == {(torch.bfloat16, 4)}
+    else:
+        assert {dtype for dtype, _ in seen} == {torch.bfloat16} and not fused
+    assert len(readers) == (1 if path == "convert_per_block" else 0)
+
+
+def test_emulated_matmul_follows_torchs_onednn_probe():
+    from ascend_kernels.reference.attention import _emulated_matmul
+
+    assert not _emulated_matmul(torch.float32) and not _emulated_matmul(torch.float64)
+    if torch.backends.mkldnn.is_available():
+        assert _emulated_matmul(torch.bfloat16) == (not torch.ops.mkldnn._is_mkldnn_bf16_supported())
+        assert _emulated_matmul(torch.float16) == (not torch.ops.mkldnn._is_mkldnn_fp16_supported())
+    else:
+        assert _emulated_matmul(torch.bfloat16) and _emulated_matmul(torch.float16)

@@ -11,13 +11,16 @@ threads every torch op is an OpenMP region whose barrier waits for a descheduled
 previous per-(request, block, head) formulation needed about twice the ops, with re-layout copies of queries, scores
 and probabilities, and ran ~2x slower at load ~8 on 2 cores). So the block-matmul chunks run on one intra-op thread
 each, and the caller's N intra-op threads become N Python threads that share the chunks (`chunk_threads`: no barrier
-per op, one wait per call). Many rows (prefill): torch's fused scaled_dot_product_attention over the gathered
-sequence, on the caller's intra-op threads.
+per op, one wait per call). A reduced-precision cache on a CPU whose torch matmul only emulates that precision
+(no oneDNN bfloat16/float16: AVX2) goes to torch's fused attention over the gathered pages, or with sinks is read
+into float32 pages for the block matmuls (`_emulated_matmul`, `_attend_blocks`). Many rows
+(prefill): torch's fused scaled_dot_product_attention over the gathered sequence, on the caller's intra-op threads.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import threading
 
@@ -36,6 +39,12 @@ CHUNK_BYTES = 8 << 20
 # float32 / 4.7 ms bfloat16; 4 KV heads (4 / 3 MiB) 5.5 / 4.2-4.3 ms; 2 heads 5.5 / 4.8-5.0 ms.
 # The MLA decode's chunks (its own measurements, at the former shared 8 MiB).
 MLA_CHUNK_BYTES = 8 << 20
+# Where the matmuls run in float32 over a reduced-precision cache, a block's pages (all KV heads, in the cache's
+# dtype) at least this big are converted block by block straight into place (`_converting_reader`); smaller ones
+# are gathered in the cache's dtype and converted after, since a copy per block costs a few us of dispatch.
+# bfloat16 decode, 8 x 1,024 tokens, 2 threads, best of 10 interleaved with the gather + conversion (load ~4-5):
+# block 128 (512 KiB) 30-34 vs 38-40 ms; block 16 (64 KiB) 18-20 vs 15-16 ms; 32 and 64 within the noise.
+PAGE_COPY_MIN_BYTES = 256 << 10
 # Up to this many query rows per KV head (q_len * heads per KV head) use the block-batched matmuls; more use SDPA.
 SMALL_ROWS = 64
 
@@ -174,15 +183,84 @@ def _chunks(qlens: list[int], ctx_blocks: list[int], bytes_per_block: int, limit
     return chunks
 
 
-def _page_reader(key_cache: torch.Tensor, value_cache: torch.Tensor, table: torch.Tensor):
+@functools.cache
+def _emulated_matmul(dtype: torch.dtype) -> bool:
+    """Whether torch's CPU matmul only emulates `dtype` (a reduced precision without oneDNN support: AVX2 CPUs).
+
+    There a reduced-precision bmm is a slow per-matrix fallback, so the block matmuls never run in it (see
+    `_attend_blocks`). Measured on the 2-core AVX2 dev machine (one thread, one request's 8 KV heads x 1,024 keys,
+    head 128): bfloat16 p @ V 8.6 ms on the strided V / 3.5 ms dense, q @ K^T 1.4-1.5 ms; converting the gathered
+    K|V to float32 0.33 ms, then both float32 matmuls 0.63 ms.
+    """
+    if dtype not in (torch.bfloat16, torch.float16):
+        return False
+    if not torch.backends.mkldnn.is_available():
+        return True
+    probe = (torch.ops.mkldnn._is_mkldnn_bf16_supported if dtype == torch.bfloat16
+             else torch.ops.mkldnn._is_mkldnn_fp16_supported)
+    return not probe()
+
+
+def _matmul_dtype(cache: torch.Tensor) -> torch.dtype:
+    """The dtype the block matmuls run in: the cache's, or float32 where the CPU only emulates it."""
+    return torch.float32 if cache.device.type == "cpu" and _emulated_matmul(cache.dtype) else cache.dtype
+
+
+def _converting_reader(key_cache: torch.Tensor, value_cache: torch.Tensor, table: torch.Tensor, dtype: torch.dtype):
+    """`_page_reader` for a matmul dtype other than the cache's: the pages are gathered and converted in ONE pass,
+    a `_foreach_copy_` (one call, a converting copy per block) of each block's `[heads, block_size, width]` pages
+    into its keys' place in a `dtype` workspace.
+
+    An index_select in the cache's dtype and a conversion after it would write and read the gathered pages once
+    more. 1 thread, the benchmark's bfloat16 decode (8 requests x 8 blocks, whole requests; loaded machine, best /
+    median of 20): 4.2 / 4.7 ms vs 6.2-7.0 / 7.5-8.2 ms for the gather + conversion; a `torch.cat` into the
+    workspace converts each block into a temporary first (5.8-8.2 / 7.3-13 ms). The pages' strides are read as
+    they are, so every layout takes it; the block ids go to the host (a few per request), the pages are views.
+    """
+    d = key_cache.shape[3]
+    packed = _packed_kv(key_cache, value_cache)
+    parts = [("kv_mm", packed)] if packed is not None else [("k_mm", key_cache), ("v_mm", value_cache)]
+    parts = [(tag, cache.permute(0, 2, 1, 3)) for tag, cache in parts]  # [blocks, heads, block_size, width]
+
+    def read_converted(rows, nbk: int, kv_heads: slice = slice(None)):
+        ids = (table[rows, :nbk] if isinstance(rows, slice) else rows[:, :nbk]).tolist()
+        gathered = []
+        for tag, pages in parts:
+            pages = pages[:, kv_heads]
+            _, hh, bs, width = pages.shape
+            dst = _workspace(tag, (len(ids), hh, nbk, bs, width), dtype, pages.device)
+            for i, blocks in enumerate(ids):
+                torch._foreach_copy_(dst[i].unbind(1), [pages[b] for b in blocks])
+            gathered.append(dst.view(-1, nbk * bs, width))
+        if packed is not None:
+            return gathered[0][..., :d], gathered[0][..., d:]
+        return gathered[0], gathered[1]
+
+    return read_converted
+
+
+def _page_reader(key_cache: torch.Tensor, value_cache: torch.Tensor, table: torch.Tensor, dtype: torch.dtype):
     """One call's gather of head-major pages: `read(blocks, nbk, kv_heads)` (blocks: `[n, >= nbk]` block ids, or a
-    slice of `table`'s rows; kv_heads a slice of KV heads) -> (k, v), each `[n * heads, nbk * block_size, head]`
-    (one matrix per (request, KV head)).
+    slice of `table`'s rows; kv_heads a slice of KV heads) -> (k, v) in `dtype`, each `[n * heads, nbk *
+    block_size, head]` (one matrix per (request, KV head)).
 
     The allocator's packed K|V caches take ONE index_select of whole (block, head) K|V pages per chunk (half the
     DRAM streams of two gathers), with each block's first page row computed once per call; other layouts fall back
-    to `_gather_pages`.
+    to `_gather_pages`. A `dtype` other than the cache's takes `_converting_reader` for large blocks, else these
+    gathers and a conversion of K and V after (see PAGE_COPY_MIN_BYTES).
     """
+    if dtype != key_cache.dtype:
+        _, bs, hkv, d = key_cache.shape
+        if bs * hkv * (d + value_cache.shape[3]) * key_cache.element_size() >= PAGE_COPY_MIN_BYTES:
+            return _converting_reader(key_cache, value_cache, table, dtype)
+        read = _page_reader(key_cache, value_cache, table, key_cache.dtype)
+
+        def read_then_convert(rows, nbk: int, kv_heads: slice = slice(None)):
+            k, v = read(rows, nbk, kv_heads)
+            return (_workspace("k_mm", k.shape, dtype, k.device).copy_(k),
+                    _workspace("v_mm", v.shape, dtype, v.device).copy_(v))
+
+        return read_then_convert
     d = key_cache.shape[3]
     packed = _packed_kv(key_cache, value_cache)
     pages = _page_rows(packed) if packed is not None else None
@@ -223,13 +301,27 @@ def _attend_blocks(q, k, v, mask, scale, sink_rows):
     Three-dimensional operands throughout: the call count per chunk is what a decode step pays for (~2 us each).
     Scores are `q @ K^T` (rows x keys), the orientation BLAS runs ~3x faster than `K @ q^T` for a handful of rows.
     Reduced-precision scores go to softmax as they are: torch's CPU softmax computes in float32 internally and
-    rounds once, which is what the float() -> softmax -> to() round trip did in three ops. Returns
-    `[n * hkv, rows, dv]` in q's dtype.
+    rounds once, which is what the float() -> softmax -> to() round trip did in three ops. k and v come in the
+    matmul dtype (`_matmul_dtype`), which q is brought to. Returns `[n * hkv, rows, dv]` in that dtype.
+
+    Pages in a reduced precision the CPU only emulates (the caller reads them so when there are no sinks) go through
+    torch's fused attention instead, which converts tile by tile in cache: a float32 copy of every page for the
+    matmuls doubles the bytes a chunk moves, which a loaded machine punishes most. 1 thread, the benchmark's
+    bfloat16 decode, CPU time median of 30 (load 6-8): 16.5-17.5 vs 24.1-24.5 ms, in two later runs 14.5 vs 16.7
+    and 13.1 vs 12.7 ms; 2 threads, best of 10: 23-33 vs 29-47 ms, lower in each of 5 interleaved trials.
     """
+    if sink_rows is None and k.device.type == "cpu" and _emulated_matmul(k.dtype):
+        # Four-dimensional operands: torch's fused CPU kernel takes only those (three fall back to its unfused math,
+        # i.e. the emulated bmm: ~5x slower).
+        n = mask.shape[0] if mask is not None else 1
+        shape = (n, q.shape[0] // n, -1)
+        o = F.scaled_dot_product_attention(q.view(*shape, q.shape[2]), k.view(*shape, k.shape[2]),
+                                           v.view(*shape, v.shape[2]), attn_mask=mask, scale=scale)
+        return o.flatten(0, 1)
     if k.dtype != torch.float32 and not k.is_contiguous():
         # oneDNN's reduced-precision GEMM is ~2-8x slower on a strided K^T than a copy plus a dense one.
         k = _workspace("k_dense", k.shape, k.dtype, k.device).copy_(k)
-    s = torch.bmm(q * scale, k.transpose(1, 2))
+    s = torch.bmm(q.to(k.dtype) * scale, k.transpose(1, 2))
     if mask is not None:  # [n * hkv, rows, keys] seen as [n, hkv, rows, keys]
         s.view(mask.shape[0], -1, *s.shape[1:]).masked_fill_(~mask, float("-inf"))
     if sink_rows is None:
@@ -238,7 +330,7 @@ def _attend_blocks(q, k, v, mask, scale, sink_rows):
         s = s.float().view(-1, *sink_rows.shape[1:3], s.shape[2])
         top = torch.maximum(s.amax(dim=-1, keepdim=True), sink_rows)
         e = torch.exp(s - top)
-        p = (e / (e.sum(dim=-1, keepdim=True) + torch.exp(sink_rows - top))).to(q.dtype).flatten(0, 1)
+        p = (e / (e.sum(dim=-1, keepdim=True) + torch.exp(sink_rows - top))).to(v.dtype).flatten(0, 1)
     return torch.bmm(p, v)
 
 
@@ -289,7 +381,14 @@ def paged_attention(
         out[starts[-1] :].zero_()
     qlens = [starts[i + 1] - starts[i] for i in range(r)]
     ctx_blocks = [-(-n // bs) for n in lens]
-    per_block = bs * hkv * (d + dv + (d if key_cache.dtype != torch.float32 else 0)) * key_cache.element_size()
+    # The pages are read in the matmul dtype, except that without sinks a precision the CPU only emulates goes to
+    # torch's fused attention as it is (see _attend_blocks). Gathered bytes per block: the pages, plus the dense K
+    # copy natively supported reduced precision makes.
+    read_dtype = key_cache.dtype if sinks is None else _matmul_dtype(key_cache)
+    elem = torch.empty((), dtype=read_dtype).element_size()
+    dense_k = read_dtype != torch.float32 and not _emulated_matmul(read_dtype)
+    per_token = (d + dv + (d if dense_k else 0)) * elem
+    per_block = bs * hkv * per_token
     device = query.device
     table = block_table.long().clamp(0, key_cache.shape[0] - 1)  # never in place: the caller's table may be long
 
@@ -301,7 +400,7 @@ def paged_attention(
     chunks = _chunks(qlens, ctx_blocks, per_block, limit)
     read = None
     if any(by_blocks(qlens[idx[0]]) for idx in chunks):
-        read = _page_reader(key_cache, value_cache, table)
+        read = _page_reader(key_cache, value_cache, table, read_dtype)
 
     def head_groups(idx: list[int]) -> list[tuple[list[int], slice]]:
         """A chunk's (requests, KV heads) parts: a lone request over the budget is split into groups of KV heads."""
