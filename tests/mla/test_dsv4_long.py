@@ -22,6 +22,8 @@ Cached and uncached servings give the same tokens, and all match the reference.
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 
 from ascend_testkit.compare import check_logprobs_close
@@ -34,6 +36,20 @@ MAX_TOKENS = 8
 LOGPROBS = 5
 ENGINE = dict(dtype="float32", max_model_len=512, enforce_eager=True, max_num_seqs=4, seed=0,
               enable_prefix_caching=True)
+
+
+@contextlib.contextmanager
+def one_thread():
+    """Run the float64 reference on one torch thread: with the engine hosts (and other work) on the machine's cores,
+    a second OpenMP thread spins at every barrier, and a 300-token forward takes ~14 s instead of ~0.6 s."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")
@@ -57,7 +73,9 @@ def long_prompts() -> dict[str, str]:
 def reference(v4_128_model, long_prompts) -> dict[str, dict]:
     from ascend_testkit.models.deepseek_v4_reference import float64_v4_outputs
 
-    outs = float64_v4_outputs(v4_128_model, list(long_prompts.values()), MAX_TOKENS, LOGPROBS, storage="fp8_ds_mla")
+    with one_thread():
+        outs = float64_v4_outputs(v4_128_model, list(long_prompts.values()), MAX_TOKENS, LOGPROBS,
+                                  storage="fp8_ds_mla")
     return dict(zip(long_prompts, outs, strict=True))
 
 
@@ -112,7 +130,7 @@ def test_ratio_128_entries_decide_the_first_token_distribution(v4_128_model, lon
     assert len(heavy) == 1
     heavy[0].compress_rate = 10**6  # no window ever completes: the layer attends to its sliding window only
     ids = AutoTokenizer.from_pretrained(v4_128_model)(long_prompts["A"], return_tensors="pt").input_ids
-    with torch.no_grad():
+    with torch.no_grad(), one_thread():
         dropped = torch.log_softmax(hf(ids, use_cache=False).logits[0, -1], dim=-1)
     # Over the engine's top-5 (float32 with fp8 indexer scoring: within ~0.1 of the reference per token), the summed
     # distance to the reference is ~0.26, to the reference without the ratio-128 entries ~0.95.
