@@ -35,7 +35,7 @@ INIT_RANGE = 0.5
 MAX_TOKENS = 8
 LOGPROBS = 5
 ENGINE = dict(dtype="float32", max_model_len=512, enforce_eager=True, max_num_seqs=4, seed=0,
-              enable_prefix_caching=True)
+              enable_prefix_caching=True, additional_config={"kernel_checks": True})  # every dsv4_* call validated
 
 
 @contextlib.contextmanager
@@ -109,6 +109,7 @@ def test_tokenizer_gives_the_intended_lengths(v4_128_model, long_prompts):
 
 def test_ratio_128_layer_serves_like_the_float64_reference(served, reference):
     assert served["facts"]["model_class"].endswith("AscendDeepseekV4ForCausalLM"), served["facts"]
+    assert served["facts"]["kernel_checks"] is True, served["facts"]
     assert served["first"]["num_cached_tokens"] == 0
     check_logprobs_close([served["first"]], [reference["A"]], name_0="simulated lane", name_1="float64 (fp8_ds_mla)")
     counts = served["counts"]
