@@ -22,11 +22,9 @@ Cached and uncached servings give the same tokens, and all match the reference.
 
 from __future__ import annotations
 
-import contextlib
-
 import pytest
 
-from ascend_testkit.compare import check_logprobs_close
+from ascend_testkit.compare import check_logprobs_close, one_thread
 
 V4_BLOCK = 256  # tokens per V4 cache block (every KV cache group)
 LENGTH = 300  # > 2 * 128: the ratio-128 layer holds two complete compressed entries
@@ -36,20 +34,6 @@ MAX_TOKENS = 8
 LOGPROBS = 5
 ENGINE = dict(dtype="float32", max_model_len=512, enforce_eager=True, max_num_seqs=4, seed=0,
               enable_prefix_caching=True, additional_config={"kernel_checks": True})  # every dsv4_* call validated
-
-
-@contextlib.contextmanager
-def one_thread():
-    """Run the float64 reference on one torch thread: with the engine hosts (and other work) on the machine's cores,
-    a second OpenMP thread spins at every barrier, and a 300-token forward takes ~14 s instead of ~0.6 s."""
-    import torch
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -23,13 +24,27 @@ def check_logprobs_close(ours: Sequence[Mapping[str, Any]], theirs: Sequence[Map
             assert len(a["token_ids"]) == len(b["token_ids"]), f"prompt {i}: lengths differ"
 
 
+@contextlib.contextmanager
+def one_thread():
+    """Run a float64 reference on one torch thread: with engine hosts (and other work) on the machine's cores, a
+    second OpenMP thread spins at every barrier (a 300-token DeepSeek-V4 forward took ~14 s instead of ~0.6 s)."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
 def greedy_float64(hf, tok, prompts: list[str], max_tokens: int, logprobs: int) -> list[dict]:
     """Greedy generation with a transformers model, recomputing the whole sequence each step (no KV cache to
-    differ), in the engine harness's output format (token ids, top-`logprobs` per position)."""
+    differ), in the engine harness's output format (token ids, top-`logprobs` per position), on one thread."""
     import torch
 
     outputs = []
-    with torch.no_grad():
+    with torch.no_grad(), one_thread():
         for prompt in prompts:
             ids = tok(prompt, return_tensors="pt").input_ids
             token_ids, tops = [], []
