@@ -131,6 +131,11 @@ NPU_BINDINGS: dict[str, NpuBinding] = {
            ("dsv4_mhc_post", "dsv4_hyper", "one einsum"),
            ("dsv4_hc_head", "dsv4_hyper", "one matmul and a weighted sum"),
        )},
+    # DeepSeek V4.1: its Triton kernels have no torch_npu counterpart either; the reference runs on the device.
+    **{name: NpuBinding(target=f"ascend_kernels.reference.{module} on the NPU device", kind="torch", note=note)
+       for name, module, note in (
+           ("dsv41_mhc_pre_delayed", "dsv41_hyper", "one matmul, sigmoid/softmax and the Sinkhorn loop"),
+       )},
 }
 
 _FIA_MASK_SIZE = 2048  # the compressed causal mask sparse_mode 3 expects
@@ -486,7 +491,7 @@ def npu_ops() -> dict[str, Callable]:
         "indexer_cache_write": reference.indexer_cache_write,
         "indexer_topk": reference.indexer_topk,
         "sparse_mla_attention": reference.sparse_mla_attention,
-        **{name: reference.REFERENCE_OPS[name] for name in NPU_BINDINGS if name.startswith("dsv4_")},
+        **{name: reference.REFERENCE_OPS[name] for name in NPU_BINDINGS if name.startswith(("dsv4_", "dsv41_"))},
     }
     assert table.keys() == NPU_BINDINGS.keys()
     return table

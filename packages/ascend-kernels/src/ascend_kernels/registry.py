@@ -55,6 +55,7 @@ OP_NAMES: tuple[str, ...] = (
     "dsv4_mhc_pre",
     "dsv4_mhc_post",
     "dsv4_hc_head",
+    "dsv41_mhc_pre_delayed",
 )
 
 BACKEND_NAMES: tuple[str, ...] = ("reference", "npu")

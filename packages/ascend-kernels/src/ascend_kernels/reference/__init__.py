@@ -30,6 +30,7 @@ from ascend_kernels.reference.dsv4_indexer import (
     dsv4_indexer_q_rope_quant,
     dsv4_topk_transform,
 )
+from ascend_kernels.reference.dsv41_hyper import dsv41_mhc_pre_delayed
 from ascend_kernels.reference.gumbel import gumbel_sample
 from ascend_kernels.reference.layers import rms_norm, rotary_embedding, silu_and_mul
 from ascend_kernels.reference.logprobs import gather_logprobs, token_ranks
@@ -85,4 +86,5 @@ REFERENCE_OPS = {
     "dsv4_mhc_pre": dsv4_mhc_pre,
     "dsv4_mhc_post": dsv4_mhc_post,
     "dsv4_hc_head": dsv4_hc_head,
+    "dsv41_mhc_pre_delayed": dsv41_mhc_pre_delayed,
 }
