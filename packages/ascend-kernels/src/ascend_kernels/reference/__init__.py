@@ -30,6 +30,11 @@ from ascend_kernels.reference.dsv4_indexer import (
     dsv4_indexer_q_rope_quant,
     dsv4_topk_transform,
 )
+from ascend_kernels.reference.dsv41_compressor import (
+    dsv41_indexer_k_norm_rope_store,
+    dsv41_rope_quant_insert,
+    dsv41_save_compress_norm,
+)
 from ascend_kernels.reference.dsv41_hyper import dsv41_mhc_pre_delayed
 from ascend_kernels.reference.gumbel import gumbel_sample
 from ascend_kernels.reference.layers import rms_norm, rotary_embedding, silu_and_mul
@@ -87,4 +92,7 @@ REFERENCE_OPS = {
     "dsv4_mhc_post": dsv4_mhc_post,
     "dsv4_hc_head": dsv4_hc_head,
     "dsv41_mhc_pre_delayed": dsv41_mhc_pre_delayed,
+    "dsv41_save_compress_norm": dsv41_save_compress_norm,
+    "dsv41_rope_quant_insert": dsv41_rope_quant_insert,
+    "dsv41_indexer_k_norm_rope_store": dsv41_indexer_k_norm_rope_store,
 }
