@@ -20,7 +20,8 @@ module holds the decoder (paths relative to vllm/):
   shared expert SwiGLU with gate clamp(max=swiglu_limit) and up clamp(+-swiglu_limit).
 
 Rounding: by default the reference rounds where vLLM's V4.1 math does on every path (the compressor latent to
-bf16; index keys/queries as the fp8 indexer scores them), nothing else; `rounding="none"` computes all in float64.
+bf16; index keys/queries as the fp8 indexer scores them), nothing else; `rounding="none"` computes all in float64;
+`latent_bf16=` / `index_fp8=` set either alone (to match an engine that stores one of them otherwise).
 Knock-outs for tests: `engram=False`, `candidates=False`, `index_topk=<int>` (a large value makes every compressed
 layer dense), `delayed_mhc=False` (plain mHC: each sublayer collapses with its own pre).
 """
@@ -59,6 +60,10 @@ class Options:
     index_topk: int | None = None
     delayed_mhc: bool = True
     rounding: str = "vllm"
+    latent_bf16: bool | None = None
+    """Overrides `rounding` for the compressor latent alone."""
+    index_fp8: bool | None = None
+    """Overrides `rounding` for the indexer's keys and queries alone."""
     dtype: str = "float64"
     """float32 runs the same math in an engine's precision (to check the checkpoint is tame enough to follow)."""
 
@@ -66,7 +71,8 @@ class Options:
         if self.rounding not in ("vllm", "none"):
             raise ValueError(f"rounding must be 'vllm' or 'none', got {self.rounding!r}")
         on = self.rounding == "vllm"
-        return Rounding(latent_bf16=on, index_fp8=on)
+        return Rounding(latent_bf16=on if self.latent_bf16 is None else self.latent_bf16,
+                        index_fp8=on if self.index_fp8 is None else self.index_fp8)
 
 
 class V41Reference:
@@ -195,7 +201,7 @@ def float64_v41_outputs(model_dir: str | os.PathLike, prompts: list[str], max_to
                         **options) -> list[dict]:
     """Greedy generation with the float64 V4.1 reference, in the engine harness's output format
     ({token_ids, logprobs: [{token: logprob}]}); `options` are `Options` fields (engram, candidates, index_topk,
-    delayed_mhc, rounding, dtype)."""
+    delayed_mhc, rounding, latent_bf16, index_fp8, dtype)."""
     import torch
 
     ref = V41Reference(model_dir, Options(**options))

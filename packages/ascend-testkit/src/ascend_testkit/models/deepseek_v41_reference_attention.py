@@ -177,7 +177,8 @@ def candidate_mask(logits: Any, block_size: int, topk_blocks: int) -> Any:
     top = scores.topk(min(topk_blocks, n_blocks), dim=-1)
     kept = torch.zeros(t, n_blocks, dtype=torch.bool)
     kept.scatter_(1, top.indices, top.values != float("-inf"))
-    return kept.repeat_interleave(block_size, dim=1)[:, :entries]
+    closed = torch.arange(entries)[None, :] < counts[:, None]
+    return kept.repeat_interleave(block_size, dim=1)[:, :entries] & closed
 
 
 def select(logits: Any, causal: Any, topk: int) -> Any:
