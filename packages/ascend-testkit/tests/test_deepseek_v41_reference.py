@@ -249,6 +249,15 @@ def test_each_feature_changes_a_long_prompts_output(model_dir, reference, knocko
     assert (base.argmax(-1) != other.argmax(-1)).any()
 
 
+def test_the_attention_sink_matters(model_dir, reference):
+    ids = _ids(reference, 20, offset=3)
+    sinkless = V41Reference(model_dir)
+    for key in [k for k in sinkless.w if k.endswith("attn_sink")]:
+        sinkless.w[key] = torch.full_like(sinkless.w[key], float("-inf"))
+    with torch.no_grad():
+        assert (reference.forward(ids) - sinkless.forward(ids)).abs().max() > 1e-2
+
+
 def test_sparse_equals_dense_while_every_row_fits_index_topk(model_dir):
     """A 3-token prompt and 5 greedy tokens keep every query at <= 8 compressed entries: dense attention is the
     same computation; the same checkpoint with a 40-token prompt is not."""
