@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import importlib.util
+import linecache
 import os
 import sys
 import types
@@ -107,9 +108,12 @@ def load(relpath: str, replacements: dict[str, str]) -> types.SimpleNamespace:
     for old, new in replacements.items():
         assert old in src, f"{relpath} no longer contains {old!r}: re-check the anchor against upstream"
         src = src.replace(old, new)
+    # the interpreter re-reads each kernel's source through linecache: register the edited text under its own name
+    filename = f"<vllm anchor: {relpath}>"
+    linecache.cache[filename] = (len(src), None, src.splitlines(keepends=True), filename)
     module = types.ModuleType(f"vllm_anchor_{path.stem}")
-    module.__file__ = str(path)
+    module.__file__ = filename
     with _interpreting():
-        exec(compile(src, str(path), "exec"), module.__dict__)
+        exec(compile(src, filename, "exec"), module.__dict__)
     return types.SimpleNamespace(**{name: _interpreted_call(value) if isinstance(value, types.FunctionType) else value
                                     for name, value in vars(module).items()})

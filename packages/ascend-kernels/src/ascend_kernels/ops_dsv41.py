@@ -20,6 +20,8 @@ __all__ = [
     "dsv41_save_compress_norm",
     "dsv41_rope_quant_insert",
     "dsv41_indexer_k_norm_rope_store",
+    "dsv41_select_candidate_blocks",
+    "dsv41_apply_candidate_mask",
 ]
 
 
@@ -114,3 +116,37 @@ def dsv41_indexer_k_norm_rope_store(k_pre, positions, cos_sin_cache, rms_norm_we
                                             kv_slot_mapping, compress_ratio, use_fp4_cache)
     current_impl().dsv41_indexer_k_norm_rope_store(k_pre, positions, cos_sin_cache, rms_norm_weight, rms_norm_eps,
                                                    k_cache, kv_slot_mapping, compress_ratio, use_fp4_cache)
+
+
+# ------------------------------------------------------------------------------------ candidate blocks
+
+
+def dsv41_select_candidate_blocks(logits, row_ks, row_ke, topk_blocks: int, block_size: int, out,
+                                  row_repeat: int = 1) -> None:
+    """`model_executor/kernels/attention/dsa/candidate_blocks.py::select_candidate_blocks`, in place.
+
+    logits float `[rows, width]` (packed columns: row i reads `[start, end)` with start = row_ks[i // row_repeat]
+    (0 when row_ks is None) and end = row_ke[i // row_repeat], int `[>= rows / row_repeat]`). Blocks are local:
+    block b holds columns `start + b * block_size ...` (up to end and width); its score is the max logit (NaN
+    propagates; -inf when empty), the row's newest block `(end - start - 1) // block_size` +inf when end > start.
+    out int `[rows, >= topk_blocks]`: the first topk_blocks columns get the ids of the min(topk_blocks,
+    ceil(width / block_size)) best blocks by torch's topk (best first), -1 for -inf scores and past that.
+    """
+    if _SWITCH.enabled:
+        _vd.check_candidate_blocks("dsv41_select_candidate_blocks", logits, row_ks, row_ke, block_size, row_repeat,
+                                   out, "out", topk_blocks)
+    current_impl().dsv41_select_candidate_blocks(logits, row_ks, row_ke, topk_blocks, block_size, out, row_repeat)
+
+
+def dsv41_apply_candidate_mask(logits, row_ks, row_ke, candidate_blocks, block_size: int,
+                               row_repeat: int = 1) -> None:
+    """`model_executor/kernels/attention/dsa/candidate_blocks.py::apply_candidate_mask`, in place.
+
+    logits, row_ks, row_ke as `dsv41_select_candidate_blocks`; candidate_blocks int `[rows, K]` (-1 padded). Sets
+    every column of a row to -inf unless it lies in `[start, end)` and in a listed block; as upstream, a listed block
+    starting at or past width instead keeps the last column (width - 1) if that is in bounds.
+    """
+    if _SWITCH.enabled:
+        _vd.check_candidate_blocks("dsv41_apply_candidate_mask", logits, row_ks, row_ke, block_size, row_repeat,
+                                   candidate_blocks, "candidate_blocks", None)
+    current_impl().dsv41_apply_candidate_mask(logits, row_ks, row_ke, candidate_blocks, block_size, row_repeat)

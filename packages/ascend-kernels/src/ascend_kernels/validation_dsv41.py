@@ -148,3 +148,21 @@ def check_indexer_k_norm_rope_store(k_pre, positions, cos_sin_cache, rms_norm_we
         fail(op, "k_cache", k_cache, dims)
     if use_fp4_cache is not False:
         fail(op, "use_fp4_cache", use_fp4_cache, "False (the MXFP4 indexer cache is not supported)")
+
+
+def check_candidate_blocks(op, logits, row_ks, row_ke, block_size, row_repeat, blocks, blocks_name,
+                           topk_blocks) -> None:
+    _float_tensor(op, "logits", logits, (None, None), None, "[rows, width]")
+    rows = logits.shape[0]
+    dev = logits.device
+    _count(op, "block_size", block_size)
+    _count(op, "row_repeat", row_repeat)
+    groups = -(-rows // row_repeat)
+    _ints(op, "row_ke", row_ke, dev, groups, at_least=True)
+    if row_ks is not None:
+        _ints(op, "row_ks", row_ks, dev, groups, at_least=True)
+    _ints(op, blocks_name, blocks, dev, rows, at_least=True, ndim=2)
+    if topk_blocks is not None:
+        _count(op, "topk_blocks", topk_blocks)
+        if blocks.shape[1] < topk_blocks:
+            fail(op, blocks_name, blocks, f"[{rows}, >= {topk_blocks}] of dtype int32 or int64")

@@ -36,6 +36,7 @@ from ascend_kernels.reference.dsv41_compressor import (
     dsv41_save_compress_norm,
 )
 from ascend_kernels.reference.dsv41_hyper import dsv41_mhc_pre_delayed
+from ascend_kernels.reference.dsv41_indexer import dsv41_apply_candidate_mask, dsv41_select_candidate_blocks
 from ascend_kernels.reference.gumbel import gumbel_sample
 from ascend_kernels.reference.layers import rms_norm, rotary_embedding, silu_and_mul
 from ascend_kernels.reference.logprobs import gather_logprobs, token_ranks
@@ -95,4 +96,6 @@ REFERENCE_OPS = {
     "dsv41_save_compress_norm": dsv41_save_compress_norm,
     "dsv41_rope_quant_insert": dsv41_rope_quant_insert,
     "dsv41_indexer_k_norm_rope_store": dsv41_indexer_k_norm_rope_store,
+    "dsv41_select_candidate_blocks": dsv41_select_candidate_blocks,
+    "dsv41_apply_candidate_mask": dsv41_apply_candidate_mask,
 }
