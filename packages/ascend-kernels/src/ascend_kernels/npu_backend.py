@@ -140,6 +140,10 @@ NPU_BINDINGS: dict[str, NpuBinding] = {
            ("dsv41_indexer_k_norm_rope_store", "dsv41_compressor", "one nonzero() sync per call"),
            ("dsv41_select_candidate_blocks", "dsv41_indexer", "a block max and a topk over the rows"),
            ("dsv41_apply_candidate_mask", "dsv41_indexer", "a scatter of block flags and one masked_fill"),
+           ("dsv41_engram_write_hash_cache", "dsv41_engram", "scatter by slot"),
+           ("dsv41_engram_hash", "dsv41_engram", "one int64 pass per n-gram length"),
+           ("dsv41_engram_lookup", "dsv41_engram", "a row gather and the UE8M0 dequantization"),
+           ("dsv41_engram_gate", "dsv41_engram", "elementwise with two row norms"),
        )},
 }
 

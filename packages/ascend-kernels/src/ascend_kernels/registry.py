@@ -61,6 +61,10 @@ OP_NAMES: tuple[str, ...] = (
     "dsv41_indexer_k_norm_rope_store",
     "dsv41_select_candidate_blocks",
     "dsv41_apply_candidate_mask",
+    "dsv41_engram_write_hash_cache",
+    "dsv41_engram_hash",
+    "dsv41_engram_lookup",
+    "dsv41_engram_gate",
 )
 
 BACKEND_NAMES: tuple[str, ...] = ("reference", "npu")

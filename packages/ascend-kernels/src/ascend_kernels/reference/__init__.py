@@ -35,6 +35,12 @@ from ascend_kernels.reference.dsv41_compressor import (
     dsv41_rope_quant_insert,
     dsv41_save_compress_norm,
 )
+from ascend_kernels.reference.dsv41_engram import (
+    dsv41_engram_gate,
+    dsv41_engram_hash,
+    dsv41_engram_lookup,
+    dsv41_engram_write_hash_cache,
+)
 from ascend_kernels.reference.dsv41_hyper import dsv41_mhc_pre_delayed
 from ascend_kernels.reference.dsv41_indexer import dsv41_apply_candidate_mask, dsv41_select_candidate_blocks
 from ascend_kernels.reference.gumbel import gumbel_sample
@@ -98,4 +104,8 @@ REFERENCE_OPS = {
     "dsv41_indexer_k_norm_rope_store": dsv41_indexer_k_norm_rope_store,
     "dsv41_select_candidate_blocks": dsv41_select_candidate_blocks,
     "dsv41_apply_candidate_mask": dsv41_apply_candidate_mask,
+    "dsv41_engram_write_hash_cache": dsv41_engram_write_hash_cache,
+    "dsv41_engram_hash": dsv41_engram_hash,
+    "dsv41_engram_lookup": dsv41_engram_lookup,
+    "dsv41_engram_gate": dsv41_engram_gate,
 }
