@@ -17,6 +17,8 @@ from ascend_kernels.validation import SWITCH as _SWITCH
 
 __all__ = [
     "dsv41_mhc_pre_delayed",
+    "dsv41_hc_collapse",
+    "dsv41_q_rope_kv_insert",
     "dsv41_save_compress_norm",
     "dsv41_rope_quant_insert",
     "dsv41_indexer_k_norm_rope_store",
@@ -50,6 +52,32 @@ def dsv41_mhc_pre_delayed(residual, fn, hc_scale, hc_base, rms_eps: float, hc_pr
     return current_impl().dsv41_mhc_pre_delayed(residual, fn, hc_scale, hc_base, rms_eps, hc_pre_eps,
                                                 hc_sinkhorn_eps, hc_post_mult_value, sinkhorn_repeat, pre_mix, x,
                                                 norm_weight, norm_eps)
+
+
+def dsv41_hc_collapse(x, pre_mix):
+    """`model_executor/kernels/mhc/triton.py::hc_collapse_triton`: the final collapse of the streams (V4.1 has no
+    learned head). x float `[tokens, hc, hidden]`, pre_mix float `[tokens, hc]` (the last FFN's pre); returns
+    `sum_j pre_mix[j] * x[j]` `[tokens, hidden]` in x's dtype (float32 products and sum, float64 for float64 x)."""
+    if _SWITCH.enabled:
+        _vd.check_hc_collapse(x, pre_mix)
+    return current_impl().dsv41_hc_collapse(x, pre_mix)
+
+
+def dsv41_q_rope_kv_insert(q, kv, positions, swa_kv_cache, slot_mapping, cos_sin_cache,
+                           cache_block_size: int):
+    """V4.1's plain-row sliding-window insert (vLLM: `fused_deepseek_v4_qnorm_rope_kv_rope_full_cache_bf16_insert`
+    with apply_q_norm=False; that one is bf16 only and rotates q in place).
+
+    q float `[tokens, heads, head_dim]`: returns a new tensor in q's dtype with the last rope_dim (cos_sin_cache's
+    width) dims GPT-J rotated at positions[t] (no query norm: V4.1 norms q before wq_b). kv float `[>= n, head_dim]`
+    (n = `slot_mapping.shape[0]`): for slot >= 0 the row, rotated the same way, is stored in its own dtype (any float
+    dtype; float32 keeps it exact) at `(slot // cache_block_size, slot % cache_block_size)` of swa_kv_cache `[blocks,
+    cache_block_size, head_dim]` (or its `[blocks, >= cache_block_size * head_dim]` flat view).
+    """
+    if _SWITCH.enabled:
+        _vd.check_q_rope_kv_insert(q, kv, positions, swa_kv_cache, slot_mapping, cos_sin_cache, cache_block_size)
+    return current_impl().dsv41_q_rope_kv_insert(q, kv, positions, swa_kv_cache, slot_mapping, cos_sin_cache,
+                                                 cache_block_size)
 
 
 # ------------------------------------------------------------------------------ compressor and cache inserts

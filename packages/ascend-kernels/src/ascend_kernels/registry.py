@@ -56,6 +56,8 @@ OP_NAMES: tuple[str, ...] = (
     "dsv4_mhc_post",
     "dsv4_hc_head",
     "dsv41_mhc_pre_delayed",
+    "dsv41_hc_collapse",
+    "dsv41_q_rope_kv_insert",
     "dsv41_save_compress_norm",
     "dsv41_rope_quant_insert",
     "dsv41_indexer_k_norm_rope_store",

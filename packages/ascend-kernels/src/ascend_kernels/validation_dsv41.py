@@ -252,3 +252,30 @@ def check_engram_gate(hidden_states, kv, q_weight, k_weight, token_mask, eps, cl
         fail(op, "token_mask", token_mask, f"[{kv.shape[0]}] of dtype bool, or None")
     number(op, "eps", eps, "a positive real number", positive=True)
     number(op, "clamp_value", clamp_value, "a positive real number", positive=True)
+
+
+def check_hc_collapse(x, pre_mix) -> None:
+    op = "dsv41_hc_collapse"
+    _float_tensor(op, "x", x, (None, None, None), None, "[tokens, hc, hidden]")
+    _float_tensor(op, "pre_mix", pre_mix, (x.shape[0], x.shape[1]), x.device)
+
+
+def check_q_rope_kv_insert(q, kv, positions, cache, slot_mapping, cos_sin_cache, block_size) -> None:
+    op = "dsv41_q_rope_kv_insert"
+    _float_tensor(op, "q", q, (None, None, None), None, "[tokens, heads, head_dim]")
+    t, _, d = q.shape
+    dev = q.device
+    _ints(op, "positions", positions, dev, t, at_least=True)
+    _ints(op, "slot_mapping", slot_mapping, dev)
+    n = slot_mapping.shape[0]
+    _float_tensor(op, "kv", kv, (None, d), dev, f"[>= {n}, {d}]")
+    if kv.shape[0] < n or n > t:
+        fail(op, "slot_mapping", slot_mapping, f"[n <= {min(t, kv.shape[0])}] (one q and kv row each)")
+    _cos_sin(op, "cos_sin_cache", cos_sin_cache, dev, d)
+    _count(op, "cache_block_size", block_size)
+    dims = f"[blocks, {block_size}, {d}] (or [blocks, >= {block_size * d}]) of a float dtype"
+    if not isinstance(cache, torch.Tensor) or not cache.is_floating_point() or \
+            (cache.dim() == 3 and tuple(cache.shape[1:]) != (block_size, d)) or \
+            (cache.dim() == 2 and cache.shape[1] < block_size * d) or cache.dim() not in (2, 3):
+        fail(op, "swa_kv_cache", cache, dims)
+    same_device(op, "swa_kv_cache", cache, dev, dims)
