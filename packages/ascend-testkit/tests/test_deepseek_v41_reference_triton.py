@@ -18,6 +18,7 @@ from ascend_testkit.models.deepseek_v41_reference_attention import (
     candidate_mask,
     fp8_pow2,
     index_queries,
+    keys_from_projection,
     pool_and_norm,
     rope_angles,
 )
@@ -186,3 +187,30 @@ def test_index_queries_match_vllms_fused_indexer_q_rope_quant():
     close = torch.isclose(got, want, rtol=0.07, atol=1e-3)  # one fp8 step at most
     assert close.all() and (got == want).float().mean() > 0.99
     assert torch.equal(fp8_pow2(want), want)  # already on the fp8 grid
+
+
+@pytest.mark.parametrize("ratio", [1, 2])
+def test_index_keys_match_vllms_indexer_k_norm_rope_store(ratio):
+    ks = vllm_triton.load("models/deepseek_v41/common/ops/indexer_k_store.py", {
+        **vllm_triton.TRITON_IMPORTS, **vllm_triton.NO_GPU_PLATFORM,
+        "from . import MXFP4_BLOCK_SIZE, _fp32x2_to_fp4x2":  # the MXFP4 path only (not taken here)
+        "from vllm.models.deepseek_v41.common.ops import MXFP4_BLOCK_SIZE, _fp32x2_to_fp4x2"})
+    g = torch.Generator().manual_seed(8)
+    t, blocks, block_size = 13, 2, 16
+    k_pre = (torch.randn(t, 128, generator=g) * 5).to(torch.bfloat16)
+    weight = 1 + 0.2 * torch.randn(128, generator=g)
+    positions = torch.arange(t, dtype=torch.int64)
+    boundary = (positions + 1) % ratio == 0
+    slots = torch.where(boundary, positions // ratio, -1)
+    cos, sin = rope_angles(torch.arange(64), 160000.0)
+    cache = torch.zeros(blocks, block_size, 132, dtype=torch.uint8)
+    ks.indexer_k_norm_rope_store(k_pre, positions, torch.cat((cos, sin), -1).float(), weight, EPS, cache, slots,
+                                 ratio, False)
+    flat = cache.view(blocks, -1)
+    values = flat[:, : block_size * 128].reshape(blocks * block_size, 128).view(torch.float8_e4m3fn)
+    scales = flat[:, block_size * 128:].reshape(blocks * block_size, 4).view(torch.float32)
+    entries = int(boundary.sum())
+    got = values[:entries].double() * scales[:entries].double()
+    want = keys_from_projection(k_pre[boundary].double(), weight.double(), ratio, 160000.0, EPS, Rounding())
+    close = torch.isclose(got, want, rtol=0.07, atol=1e-3)  # one fp8 step at most
+    assert close.all() and (got == want).float().mean() > 0.99

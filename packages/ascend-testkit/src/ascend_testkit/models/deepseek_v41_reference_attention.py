@@ -135,9 +135,17 @@ def pool_and_norm(kv: Any, score: Any | None, ratio: int, norm_weight: Any, eps:
 
 
 def index_keys(latent: Any, w: dict, prefix: str, ratio: int, theta: float, eps: float, rounding: Rounding) -> Any:
+    return keys_from_projection(latent @ w[prefix + "indexer.wk.weight"].T, w[prefix + "indexer.k_norm.weight"],
+                                ratio, theta, eps, rounding)
+
+
+def keys_from_projection(k_pre: Any, k_norm_weight: Any, ratio: int, theta: float, eps: float,
+                         rounding: Rounding) -> Any:
+    """Index keys [entries, 128] from wk(latent): k_norm, RoPE at each group's first position, as the fp8 indexer
+    stores them (vLLM also rounds wk's output to bf16, but only because its model dtype is bf16)."""
     import torch
 
-    k = rms_norm(latent @ w[prefix + "indexer.wk.weight"].T, w[prefix + "indexer.k_norm.weight"], eps)
+    k = rms_norm(k_pre, k_norm_weight, eps)
     cos, sin = rope_angles(torch.arange(k.shape[0]) * ratio, theta)
     if rounding.index_fp8:
         return fp8_pow2(bf16(rotate(bf16(k), cos, sin)))
