@@ -117,26 +117,49 @@ class SharedState:
 
 def compress(x: Any, w: dict, prefix: str, ratio: int, eps: float, rounding: Rounding) -> Any:
     """The pre-RoPE latent of each closed group [T // ratio, 512]."""
+    kv = x @ w[prefix + "compressor.wkv.weight"].T
+    score = x @ w[prefix + "compressor.wgate.weight"].T if ratio == 2 else None
+    return pool_and_norm(kv, score, ratio, w[prefix + "compressor.norm.weight"], eps, rounding)
+
+
+def pool_and_norm(kv: Any, score: Any | None, ratio: int, norm_weight: Any, eps: float, rounding: Rounding) -> Any:
+    """Ratio 1: each row; ratio 2: rows 2i, 2i+1 pooled by a per-dim softmax of their scores; then the RMSNorm."""
     import torch
 
-    kv = x @ w[prefix + "compressor.wkv.weight"].T
     if ratio == 2:
-        score = x @ w[prefix + "compressor.wgate.weight"].T
-        n = x.shape[0] // 2
+        n = kv.shape[0] // 2
         kv, score = kv[: 2 * n].view(n, 2, -1), score[: 2 * n].view(n, 2, -1)
         kv = (kv * torch.softmax(score, dim=1)).sum(1)
-    latent = rms_norm(kv, w[prefix + "compressor.norm.weight"], eps)
+    latent = rms_norm(kv, norm_weight, eps)
     return bf16(latent) if rounding.latent_bf16 else latent
 
 
 def index_keys(latent: Any, w: dict, prefix: str, ratio: int, theta: float, eps: float, rounding: Rounding) -> Any:
+    return keys_from_projection(latent @ w[prefix + "indexer.wk.weight"].T, w[prefix + "indexer.k_norm.weight"],
+                                ratio, theta, eps, rounding)
+
+
+def keys_from_projection(k_pre: Any, k_norm_weight: Any, ratio: int, theta: float, eps: float,
+                         rounding: Rounding) -> Any:
+    """Index keys [entries, 128] from wk(latent): k_norm, RoPE at each group's first position, as the fp8 indexer
+    stores them (vLLM also rounds wk's output to bf16, but only because its model dtype is bf16)."""
     import torch
 
-    k = rms_norm(latent @ w[prefix + "indexer.wk.weight"].T, w[prefix + "indexer.k_norm.weight"], eps)
+    k = rms_norm(k_pre, k_norm_weight, eps)
     cos, sin = rope_angles(torch.arange(k.shape[0]) * ratio, theta)
     if rounding.index_fp8:
         return fp8_pow2(bf16(rotate(bf16(k), cos, sin)))
     return rotate(k, cos, sin)
+
+
+def index_queries(q: Any, positions: Any, theta: float, rounding: Rounding) -> Any:
+    """Indexer queries [T, heads, 128] rotated at their positions, as the fp8 indexer scores them."""
+    import torch
+
+    q = rotate(q, *rope_angles(positions, theta))
+    if rounding.index_fp8:
+        q = fp8_pow2(torch.cat((q[..., :-ROPE_DIM], bf16(q[..., -ROPE_DIM:])), dim=-1))
+    return q
 
 
 def index_logits(x: Any, qr: Any, keys: Any, w: dict, prefix: str, n_heads: int, ratio: int, theta: float,
@@ -145,10 +168,8 @@ def index_logits(x: Any, qr: Any, keys: Any, w: dict, prefix: str, n_heads: int,
     import torch
 
     t = x.shape[0]
-    q = (qr @ w[prefix + "indexer.wq_b.weight"].T).view(t, n_heads, -1)
-    q = rotate(q, *rope_angles(torch.arange(t), theta))
-    if rounding.index_fp8:
-        q = fp8_pow2(torch.cat((q[..., :-ROPE_DIM], bf16(q[..., -ROPE_DIM:])), dim=-1))
+    q = index_queries((qr @ w[prefix + "indexer.wq_b.weight"].T).view(t, n_heads, -1), torch.arange(t), theta,
+                      rounding)
     weights = (x @ w[prefix + "indexer.weights_proj.weight"].T) * q.shape[-1] ** -0.5 * n_heads**-0.5
     logits = (torch.relu(torch.einsum("thd,sd->ths", q, keys)) * weights.unsqueeze(-1)).sum(1)
     return logits.masked_fill(~causal_entries(t, keys.shape[0], ratio), float("-inf"))

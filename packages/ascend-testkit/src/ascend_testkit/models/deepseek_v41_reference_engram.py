@@ -116,12 +116,16 @@ def dequantized_table(weight: Any, scale: Any) -> Any:
     return (values * scale.to(torch.float64).unsqueeze(-1)).flatten(-2)
 
 
-def engram_inject(residual: Any, rows: Any, table: Any, wkv: Any, q_weight: Any, k_weight: Any, eps: float) -> Any:
-    """residual [T, hc, H] float64 plus the gated n-gram value; rows [T, cols] table row ids."""
+def engram_kv(rows: Any, table: Any, wkv: Any) -> Any:
+    """[T, (hc + 1) * hidden]: the looked-up rows (flattened per position) through `wkv`."""
+    return table[rows].flatten(1) @ wkv.T
+
+
+def engram_gate(residual: Any, kv: Any, q_weight: Any, k_weight: Any, eps: float) -> Any:
+    """residual [T, hc, H] plus each stream's gated share of the value (the last H columns of kv)."""
     import torch
 
     t, hc, hidden = residual.shape
-    kv = table[rows].flatten(1) @ wkv.T
     keys, value = kv[:, : hc * hidden].view(t, hc, hidden), kv[:, hc * hidden:]
 
     def rms(x):
@@ -131,3 +135,8 @@ def engram_inject(residual: Any, rows: Any, table: Any, wkv: Any, q_weight: Any,
     magnitude = dot.abs().clamp(min=CLAMP).sqrt()
     gate = torch.sigmoid(torch.where(dot < 0, -magnitude, magnitude))
     return residual + gate.unsqueeze(-1) * value.unsqueeze(1)
+
+
+def engram_inject(residual: Any, rows: Any, table: Any, wkv: Any, q_weight: Any, k_weight: Any, eps: float) -> Any:
+    """residual [T, hc, H] float64 plus the gated n-gram value; rows [T, cols] table row ids."""
+    return engram_gate(residual, engram_kv(rows, table, wkv), q_weight, k_weight, eps)
