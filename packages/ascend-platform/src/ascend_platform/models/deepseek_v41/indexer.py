@@ -114,8 +114,9 @@ class AscendDeepseekV41Indexer(nn.Module):
         usage.count("attention.ascend_dsa_v41.indexed_tokens", n)
 
     def _filter_candidates(self, logits: torch.Tensor, lens: torch.Tensor) -> torch.Tensor:
-        """Two-level selection: the candidate source publishes its best blocks; later index sources keep only
-        the logits inside them (stage 2; without a candidate buffer the logits pass unchanged)."""
+        """Two-level selection: the candidate source publishes its best `candidate_topk_blocks` blocks of
+        `candidate_block_size` entries (row columns are request-local entries, as vLLM's decode rows); later index
+        sources keep only the logits inside them. Without a candidate buffer the logits pass unchanged."""
         if self.candidate_block_buffer is None:
             return logits
         n = logits.shape[0]
@@ -123,10 +124,10 @@ class AscendDeepseekV41Indexer(nn.Module):
         ops = kernel_ops()
         if self.candidate_write:
             with usage.timed("kernels.dsv41_select_candidate_blocks"):
-                ops.dsv41_select_candidate_blocks(logits, lens, candidates.shape[1], self.candidate_block_size,
+                ops.dsv41_select_candidate_blocks(logits, None, lens, candidates.shape[1], self.candidate_block_size,
                                                   candidates)
             return logits
         with usage.timed("kernels.dsv41_apply_candidate_mask"):
-            ops.dsv41_apply_candidate_mask(logits, lens, candidates, self.candidate_block_size)
+            ops.dsv41_apply_candidate_mask(logits, None, lens, candidates, self.candidate_block_size)
         usage.count("attention.ascend_dsa_v41.candidate_filtered_tokens", n)
         return logits
