@@ -240,7 +240,11 @@ class AscendDeepseekV41ForCausalLM(nn.Module):
 
         return AscendDeepseekV41ModelState
 
-    def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
+    def embed_input_ids(self, input_ids: torch.Tensor, multimodal_embeddings: Any = None, **_: Any) -> torch.Tensor:
+        # vLLM registers V4.1's architecture as its vision-language model, so the engine treats it as multimodal and
+        # hands the (always empty: no vision tower here, start-up refuses one) image embeddings along.
+        if multimodal_embeddings is not None and len(multimodal_embeddings) > 0:
+            raise NotImplementedError("DeepSeek V4.1 on Ascend serves the text model only: got image embeddings")
         return self.model.embed_input_ids(input_ids)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, intermediate_tensors: Any = None,
