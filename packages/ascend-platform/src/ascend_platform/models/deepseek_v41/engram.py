@@ -115,3 +115,38 @@ class AscendNgramHash(nn.Module):
             return kernel_ops().dsv41_engram_hash(input_ids, positions, query_start_loc, lookback_token_ids,
                                                   self.token_map, self.multipliers, self.primes, self.offsets,
                                                   self.pad_id)
+
+
+class SlotTokenHistory:
+    """The V1 runner's stand-in for `lookback_token_ids` (it passes none here): every scheduled token id is kept in a
+    side buffer at its first-layer sliding-window cache slot, as vLLM's `NgramHashState` does, and each chunk's
+    window is read back from the slots of the positions before it. Those positions are inside the window (the hash
+    looks back `max_ngram - 1` < `sliding_window` tokens), so their blocks are still the request's."""
+
+    def __init__(self, swa_cache_layer: nn.Module, depth: int) -> None:
+        self.swa_cache_layer = swa_cache_layer
+        self.depth = depth
+        self._ids: torch.Tensor | None = None
+        self._bound_to: int | None = None
+
+    def window(self, input_ids: torch.Tensor, positions: torch.Tensor, swa_metadata: Any) -> torch.Tensor:
+        """Record this step's ids, then -> int32 [requests, depth] ids before each chunk (-1 before position 0)."""
+        kv_cache = self.swa_cache_layer.kv_cache
+        block_size = int(swa_metadata.block_size)
+        if self._ids is None or self._bound_to != kv_cache.data_ptr():
+            # A new cache binding (the profile run binds a temporary one first): no history carries over.
+            self._ids = torch.full((kv_cache.shape[0] * block_size,), -1, dtype=torch.int32, device=input_ids.device)
+            self._bound_to = kv_cache.data_ptr()
+        slots = swa_metadata.slot_mapping[:input_ids.shape[0]].to(torch.long)
+        valid = slots >= 0
+        self._ids[slots[valid]] = input_ids[valid].to(torch.int32)
+        query_start_loc = swa_metadata.query_start_loc.to(torch.long)
+        num_reqs = query_start_loc.shape[0] - 1
+        starts = positions[query_start_loc[:-1].clamp(max=input_ids.shape[0] - 1)].to(torch.long)
+        pos = starts[:, None] - 1 - torch.arange(self.depth, device=starts.device)[None, :]
+        clamped = pos.clamp(min=0)
+        block_table = swa_metadata.block_table[:num_reqs].to(torch.long)
+        blocks = block_table.gather(1, clamped // block_size)
+        ids = self._ids[(blocks * block_size + clamped % block_size).clamp(min=0)]
+        usage.count("dsv41.engram_slot_history_windows")
+        return torch.where(pos >= 0, ids, torch.full_like(ids, -1))
