@@ -99,3 +99,5 @@ def test_spec_refuses_a_topology_vllm_cannot_serve():
     with pytest.raises(ValueError, match="source"):
         TinyDeepseekV41Spec(compress_ratios=(0, 1), kv_source_layer_ids=(), index_source_layer_ids=(1,),
                             candidate_source_layer_id=None, engram_layer_ids=()).validate()
+    with pytest.raises(ValueError, match="candidate_block_size"):
+        TinyDeepseekV41Spec(candidate_topk_blocks=2, candidate_block_size=4, index_topk=8).validate()

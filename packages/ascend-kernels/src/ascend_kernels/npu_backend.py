@@ -135,6 +135,11 @@ NPU_BINDINGS: dict[str, NpuBinding] = {
     **{name: NpuBinding(target=f"ascend_kernels.reference.{module} on the NPU device", kind="torch", note=note)
        for name, module, note in (
            ("dsv41_mhc_pre_delayed", "dsv41_hyper", "one matmul, sigmoid/softmax and the Sinkhorn loop"),
+           ("dsv41_save_compress_norm", "dsv41_compressor", "one host loop over the requests for the ring store"),
+           ("dsv41_rope_quant_insert", "dsv41_compressor", "one nonzero() sync per call"),
+           ("dsv41_indexer_k_norm_rope_store", "dsv41_compressor", "one nonzero() sync per call"),
+           ("dsv41_select_candidate_blocks", "dsv41_indexer", "a block max and a topk over the rows"),
+           ("dsv41_apply_candidate_mask", "dsv41_indexer", "a scatter of block flags and one masked_fill"),
        )},
 }
 

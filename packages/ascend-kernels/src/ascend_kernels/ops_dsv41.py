@@ -17,6 +17,11 @@ from ascend_kernels.validation import SWITCH as _SWITCH
 
 __all__ = [
     "dsv41_mhc_pre_delayed",
+    "dsv41_save_compress_norm",
+    "dsv41_rope_quant_insert",
+    "dsv41_indexer_k_norm_rope_store",
+    "dsv41_select_candidate_blocks",
+    "dsv41_apply_candidate_mask",
 ]
 
 
@@ -41,3 +46,107 @@ def dsv41_mhc_pre_delayed(residual, fn, hc_scale, hc_base, rms_eps: float, hc_pr
     return current_impl().dsv41_mhc_pre_delayed(residual, fn, hc_scale, hc_base, rms_eps, hc_pre_eps,
                                                 hc_sinkhorn_eps, hc_post_mult_value, sinkhorn_repeat, pre_mix, x,
                                                 norm_weight, norm_eps)
+
+
+# ------------------------------------------------------------------------------ compressor and cache inserts
+
+
+def dsv41_save_compress_norm(kv_score, positions, state_cache, slot_mapping, query_start_loc, token_to_req_indices,
+                             rms_norm_weight, rms_norm_eps: float, compress_ratio: int, latent_out) -> None:
+    """`models/deepseek_v41/common/ops/fused_compress_quant_cache.py::fused_save_compress_norm`, in place.
+
+    n = `slot_mapping.shape[0]` tokens (kv_score / positions / latent_out may have more rows; those stay untouched).
+    kv_score float `[>= n, compress_ratio * head_dim]` (head_dim = `rms_norm_weight.shape[0]`, 512 upstream): `[kv]`
+    for ratio 1, `[kv | score]` for ratio 2. Ratio 1: slot_mapping (the compressed cache's slots) only marks valid
+    tokens; latent_out[t] = `RMSNorm(kv[t]) * rms_norm_weight` for slot >= 0. Ratio 2: state_cache float `[blocks,
+    capacity, 2 * head_dim]` is the circular buffer (one block per request, slot = `block * capacity + p %
+    capacity`), query_start_loc int `[num_reqs + 1]` and token_to_req_indices int `[>= n]` the chunk bounds. A token
+    with an odd position p and slot >= 0 closes the group (p - 1, p): pooled = per-dim softmax over the two score
+    rows, weighting the two kv rows; the partner row is the previous token's raw row, or, for a chunk's first token,
+    row `(p - 1) % capacity` of its ring block; latent_out[t] = RMSNorm(pooled) * weight. After every read, each
+    chunk whose first slot is >= 0 stores its last min(len, capacity) raw rows `[kv | score]` at their slots. Latents
+    are rounded through bfloat16 (upstream's latent is bf16) and stored in latent_out's float dtype; rows of other
+    tokens are not written.
+    """
+    if _SWITCH.enabled:
+        _vd.check_save_compress_norm(kv_score, positions, state_cache, slot_mapping, query_start_loc,
+                                     token_to_req_indices, rms_norm_weight, rms_norm_eps, compress_ratio, latent_out)
+    current_impl().dsv41_save_compress_norm(kv_score, positions, state_cache, slot_mapping, query_start_loc,
+                                            token_to_req_indices, rms_norm_weight, rms_norm_eps, compress_ratio,
+                                            latent_out)
+
+
+def dsv41_rope_quant_insert(latent, positions, cos_sin_cache, kv_cache, slot_mapping, compress_ratio: int,
+                            fp8_scale=None) -> None:
+    """`models/deepseek_v41/common/ops/fused_compress_quant_cache.py::rope_quant_insert`: publish latents, in place.
+
+    For t < n = `slot_mapping.shape[0]` with slot >= 0 and `(p + 1) % compress_ratio == 0`: latent float `[>= n,
+    head_dim]` row t, its last rope_dim (= cos_sin_cache's width, 64) dims GPT-J rotated at the group's first position
+    `p // compress_ratio * compress_ratio` (cos_sin_cache float `[max_pos, rope_dim]`, `[cos | sin]`), stored at slot
+    (`block * block_size + entry`, block_size = `kv_cache.shape[1]`) of kv_cache `[num_blocks, block_size, width]`:
+    - a float cache (width head_dim; upstream bfloat16 only, here any float dtype): the row in the cache's dtype;
+    - float8_e4m3fn (width head_dim): the bf16-rounded row times `1 / fp8_scale` (float32, one element), clamped;
+    - uint8 with width `head_dim + head_dim // 32` (528): MXFP8, per page the block_size value records (all dims fp8)
+      then block_size records of UE8M0 exponents, one per 32 dims;
+    - uint8 with width 584 (head_dim 512): fp8_ds_mla, 448 fp8 nope bytes + 64 bf16 rope values, then 7 UE8M0
+      exponents (one per 64 nope dims) and a zero byte.
+    fp8 scales are `2^ceil(log2(max(amax, 1e-4) / 448))` per block, values clamped to +-448, rounded to nearest even.
+    """
+    if _SWITCH.enabled:
+        _vd.check_rope_quant_insert(latent, positions, cos_sin_cache, kv_cache, slot_mapping, compress_ratio,
+                                    fp8_scale)
+    current_impl().dsv41_rope_quant_insert(latent, positions, cos_sin_cache, kv_cache, slot_mapping, compress_ratio,
+                                           fp8_scale)
+
+
+def dsv41_indexer_k_norm_rope_store(k_pre, positions, cos_sin_cache, rms_norm_weight, rms_norm_eps: float, k_cache,
+                                    kv_slot_mapping, compress_ratio: int, use_fp4_cache: bool = False) -> None:
+    """`models/deepseek_v41/common/ops/indexer_k_store.py::indexer_k_norm_rope_store`: index keys, in place.
+
+    For t < n = `kv_slot_mapping.shape[0]` with slot >= 0 and `(p + 1) % compress_ratio == 0`: k_pre float `[>= n,
+    index_head_dim]` (the caller's `wk(latent)`, read as is) -> `RMSNorm(k) * rms_norm_weight` rounded through bf16,
+    the last rope_dim (cos_sin_cache's width) dims GPT-J rotated at `p // compress_ratio * compress_ratio`, the row
+    rounded through bf16 again, then fp8 with one scale `2^ceil(log2(max(amax, 1e-4) / 448))`, into k_cache uint8
+    `[num_blocks, block_size, index_head_dim + 4]` (V4's indexer page layout: block_size fp8 records, then block_size
+    float32 scales; what `dsv4_fp8_paged_mqa_logits` reads, as `k_cache.view(num_blocks, -1)`). use_fp4_cache (the
+    MXFP4 cache) is not supported: it must be False.
+    """
+    if _SWITCH.enabled:
+        _vd.check_indexer_k_norm_rope_store(k_pre, positions, cos_sin_cache, rms_norm_weight, rms_norm_eps, k_cache,
+                                            kv_slot_mapping, compress_ratio, use_fp4_cache)
+    current_impl().dsv41_indexer_k_norm_rope_store(k_pre, positions, cos_sin_cache, rms_norm_weight, rms_norm_eps,
+                                                   k_cache, kv_slot_mapping, compress_ratio, use_fp4_cache)
+
+
+# ------------------------------------------------------------------------------------ candidate blocks
+
+
+def dsv41_select_candidate_blocks(logits, row_ks, row_ke, topk_blocks: int, block_size: int, out,
+                                  row_repeat: int = 1) -> None:
+    """`model_executor/kernels/attention/dsa/candidate_blocks.py::select_candidate_blocks`, in place.
+
+    logits float `[rows, width]` (packed columns: row i reads `[start, end)` with start = row_ks[i // row_repeat]
+    (0 when row_ks is None) and end = row_ke[i // row_repeat], int `[>= rows / row_repeat]`). Blocks are local:
+    block b holds columns `start + b * block_size ...` (up to end and width); its score is the max logit (NaN
+    propagates; -inf when empty), the row's newest block `(end - start - 1) // block_size` +inf when end > start.
+    out int `[rows, >= topk_blocks]`: the first topk_blocks columns get the ids of the min(topk_blocks,
+    ceil(width / block_size)) best blocks by torch's topk (best first), -1 for -inf scores and past that.
+    """
+    if _SWITCH.enabled:
+        _vd.check_candidate_blocks("dsv41_select_candidate_blocks", logits, row_ks, row_ke, block_size, row_repeat,
+                                   out, "out", topk_blocks)
+    current_impl().dsv41_select_candidate_blocks(logits, row_ks, row_ke, topk_blocks, block_size, out, row_repeat)
+
+
+def dsv41_apply_candidate_mask(logits, row_ks, row_ke, candidate_blocks, block_size: int,
+                               row_repeat: int = 1) -> None:
+    """`model_executor/kernels/attention/dsa/candidate_blocks.py::apply_candidate_mask`, in place.
+
+    logits, row_ks, row_ke as `dsv41_select_candidate_blocks`; candidate_blocks int `[rows, K]` (-1 padded). Sets
+    every column of a row to -inf unless it lies in `[start, end)` and in a listed block; as upstream, a listed block
+    starting at or past width instead keeps the last column (width - 1) if that is in bounds.
+    """
+    if _SWITCH.enabled:
+        _vd.check_candidate_blocks("dsv41_apply_candidate_mask", logits, row_ks, row_ke, block_size, row_repeat,
+                                   candidate_blocks, "candidate_blocks", None)
+    current_impl().dsv41_apply_candidate_mask(logits, row_ks, row_ke, candidate_blocks, block_size, row_repeat)

@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
-from ascend_kernels.validation import fail, floating, number, same_device, tensor
+import torch
+
+from ascend_kernels.validation import fail, floating, index, number, same_device, tensor
 
 
 def _count(op: str, name: str, value: object, *, minimum: int = 1) -> None:
@@ -43,3 +45,124 @@ def check_mhc_pre_delayed(residual, fn, hc_scale, hc_base, sinkhorn_repeat, pre_
         number(op, "norm_eps", norm_eps, "a positive real number", positive=True)
 
 
+
+
+def _ints(op: str, name: str, t: object, dev, rows: int | None = None, *, at_least: bool = False,
+          ndim: int = 1) -> None:
+    dims = f"[{'>= ' if at_least else ''}{rows if rows is not None else 'n'}{', *' * (ndim - 1)}]"
+    index(op, name, t, ndim, dims)
+    same_device(op, name, t, dev, dims)
+    if rows is not None and (t.shape[0] < rows if at_least else t.shape[0] != rows):
+        fail(op, name, t, f"{dims} of dtype int32 or int64")
+
+
+def _ratio(op: str, value: object) -> None:
+    if isinstance(value, bool) or value not in (1, 2):
+        fail(op, "compress_ratio", value, "1 or 2 (V4.1's ratios)")
+
+
+def _cos_sin(op: str, name: str, t: object, dev, at_most: int) -> int:
+    dims = f"[max_position, rope_dim <= {at_most}] ([cos | sin] halves)"
+    _float_tensor(op, name, t, (None, None), dev, dims)
+    if t.shape[1] % 2 or t.shape[1] > at_most:
+        fail(op, name, t, dims)
+    return t.shape[1]
+
+
+def check_save_compress_norm(kv_score, positions, state_cache, slot_mapping, query_start_loc, token_to_req_indices,
+                             rms_norm_weight, rms_norm_eps, compress_ratio, latent_out) -> None:
+    op = "dsv41_save_compress_norm"
+    _ratio(op, compress_ratio)
+    _float_tensor(op, "rms_norm_weight", rms_norm_weight, (None,), None, "[head_dim]")
+    d = rms_norm_weight.shape[0]
+    dev = rms_norm_weight.device
+    _float_tensor(op, "kv_score", kv_score, (None, compress_ratio * d), dev)
+    t = kv_score.shape[0]
+    _ints(op, "slot_mapping", slot_mapping, dev)
+    n = slot_mapping.shape[0]
+    if n > t:
+        fail(op, "slot_mapping", slot_mapping, f"[n <= {t}] (one kv_score row each)")
+    _ints(op, "positions", positions, dev, n, at_least=True)
+    _float_tensor(op, "latent_out", latent_out, (t, d), dev)
+    number(op, "rms_norm_eps", rms_norm_eps, "a positive real number", positive=True)
+    if compress_ratio == 2:
+        _float_tensor(op, "state_cache", state_cache, (None, None, 2 * d), dev,
+                      f"[num_blocks, capacity, {2 * d}] (the circular buffer: kv then score)")
+        _ints(op, "query_start_loc", query_start_loc, dev)
+        if query_start_loc.shape[0] < 1:
+            fail(op, "query_start_loc", query_start_loc, "[num_reqs + 1]")
+        _ints(op, "token_to_req_indices", token_to_req_indices, dev, n, at_least=True)
+
+
+def check_rope_quant_insert(latent, positions, cos_sin_cache, kv_cache, slot_mapping, compress_ratio,
+                            fp8_scale) -> None:
+    op = "dsv41_rope_quant_insert"
+    _ratio(op, compress_ratio)
+    _float_tensor(op, "latent", latent, (None, None), None, "[tokens, head_dim]")
+    t, d = latent.shape
+    dev = latent.device
+    _ints(op, "slot_mapping", slot_mapping, dev)
+    n = slot_mapping.shape[0]
+    if n > t:
+        fail(op, "slot_mapping", slot_mapping, f"[n <= {t}] (one latent row each)")
+    _ints(op, "positions", positions, dev, n, at_least=True)
+    _cos_sin(op, "cos_sin_cache", cos_sin_cache, dev, d)
+    widths = {d + d // 32: "MXFP8"} if d % 32 == 0 else {}
+    if d == 512:
+        widths[584] = "fp8_ds_mla"
+    dims = (f"[num_blocks, block_size, {d}] of a float dtype, or uint8 with a record width in "
+            f"{sorted(widths) or 'none for this head_dim'}")
+    tensor(op, "kv_cache", kv_cache, 3, dims)
+    same_device(op, "kv_cache", kv_cache, dev, dims)
+    if kv_cache.dtype == torch.uint8:
+        if kv_cache.shape[2] not in widths or kv_cache.stride(2) != 1 or kv_cache.stride(1) != kv_cache.shape[2]:
+            fail(op, "kv_cache", kv_cache, dims + " (pages contiguous)")
+        return
+    floating(op, "kv_cache", kv_cache, dims)
+    if kv_cache.shape[2] != d:
+        fail(op, "kv_cache", kv_cache, dims)
+    if kv_cache.dtype == torch.float8_e4m3fn:
+        _float_tensor(op, "fp8_scale", fp8_scale, (1,), dev, "a float32 [1] per-tensor scale")
+
+
+def check_indexer_k_norm_rope_store(k_pre, positions, cos_sin_cache, rms_norm_weight, rms_norm_eps, k_cache,
+                                    kv_slot_mapping, compress_ratio, use_fp4_cache) -> None:
+    op = "dsv41_indexer_k_norm_rope_store"
+    _ratio(op, compress_ratio)
+    _float_tensor(op, "k_pre", k_pre, (None, None), None, "[tokens, index_head_dim]")
+    t, d = k_pre.shape
+    dev = k_pre.device
+    _ints(op, "kv_slot_mapping", kv_slot_mapping, dev)
+    n = kv_slot_mapping.shape[0]
+    if n > t:
+        fail(op, "kv_slot_mapping", kv_slot_mapping, f"[n <= {t}] (one k_pre row each)")
+    _ints(op, "positions", positions, dev, n, at_least=True)
+    _cos_sin(op, "cos_sin_cache", cos_sin_cache, dev, d)
+    _float_tensor(op, "rms_norm_weight", rms_norm_weight, (d,), dev)
+    number(op, "rms_norm_eps", rms_norm_eps, "a positive real number", positive=True)
+    dims = f"a uint8 [num_blocks, block_size, {d + 4}] cache (pages contiguous: fp8 records, then float32 scales)"
+    tensor(op, "k_cache", k_cache, 3, dims)
+    same_device(op, "k_cache", k_cache, dev, dims)
+    if k_cache.dtype != torch.uint8 or k_cache.shape[2] != d + 4 or k_cache.stride(2) != 1 or \
+            k_cache.stride(1) != d + 4:
+        fail(op, "k_cache", k_cache, dims)
+    if use_fp4_cache is not False:
+        fail(op, "use_fp4_cache", use_fp4_cache, "False (the MXFP4 indexer cache is not supported)")
+
+
+def check_candidate_blocks(op, logits, row_ks, row_ke, block_size, row_repeat, blocks, blocks_name,
+                           topk_blocks) -> None:
+    _float_tensor(op, "logits", logits, (None, None), None, "[rows, width]")
+    rows = logits.shape[0]
+    dev = logits.device
+    _count(op, "block_size", block_size)
+    _count(op, "row_repeat", row_repeat)
+    groups = -(-rows // row_repeat)
+    _ints(op, "row_ke", row_ke, dev, groups, at_least=True)
+    if row_ks is not None:
+        _ints(op, "row_ks", row_ks, dev, groups, at_least=True)
+    _ints(op, blocks_name, blocks, dev, rows, at_least=True, ndim=2)
+    if topk_blocks is not None:
+        _count(op, "topk_blocks", topk_blocks)
+        if blocks.shape[1] < topk_blocks:
+            fail(op, blocks_name, blocks, f"[{rows}, >= {topk_blocks}] of dtype int32 or int64")

@@ -134,6 +134,10 @@ class TinyDeepseekV41Spec:
             c = self.candidate_source_layer_id
             if c not in self.index_source_layer_ids:
                 raise ValueError("candidate_source_layer_id must be an index source")
+            if (self.candidate_topk_blocks - 1) * self.candidate_block_size < self.index_topk:
+                # fewer finite scores than index_topk in a filtered row: vLLM's row top-k would then pick masked
+                # entries, which the reference (and any sane engine) does not model
+                raise ValueError("(candidate_topk_blocks - 1) * candidate_block_size must be >= index_topk")
             later = [s for s in self.index_source_layer_ids if s > c]
             if any(self.compress_ratios[s] != self.compress_ratios[c] for s in later):
                 # vLLM's short-context shortcut is decided per ratio: a consumer of another ratio could read
