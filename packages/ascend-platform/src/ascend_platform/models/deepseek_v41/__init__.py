@@ -18,8 +18,9 @@ def register_deepseek_v41() -> bool:
 
     if deepseek_v41_unavailable_reason() is not None:
         return False
-    from ascend_core.upstream import forget_resolved_model_architectures
     from vllm import ModelRegistry
+
+    from ascend_core.upstream import forget_resolved_model_architectures
 
     ModelRegistry.register_model(ARCHITECTURE, QUALNAME)
     forget_resolved_model_architectures()
