@@ -107,7 +107,7 @@ def test_chunked_prefill_serves_the_reference_tokens(v41_served, reference, run)
     if run == "v1_chunked":
         assert "model_runner_v1" in served["facts"]["runner_class"], served["facts"]
         # The V1 runner passes no lookback ids: the engram read them back from the first layer's cache slots.
-        assert served["counts"]["dsv41.engram_slot_history_windows"] > 0
+        assert served["counts"]["dsv41.engram_slot_history_writes"] > 0
 
 
 @pytest.mark.parametrize("knock_out", [dict(engram=False), dict(candidates=False), dict(index_topk=10**6),

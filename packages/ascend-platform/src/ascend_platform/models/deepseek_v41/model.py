@@ -29,7 +29,7 @@ from vllm.models.deepseek_v41.nvidia.model import _make_deepseek_v4_weights_mapp
 
 from ascend_platform import usage
 from ascend_platform.models.deepseek_v41.attention import AscendDeepseekV41Attention
-from ascend_platform.models.deepseek_v41.engram import AscendEngram, AscendNgramHash, SlotTokenHistory
+from ascend_platform.models.deepseek_v41.engram import AscendEngram, AscendNgramHash, HashHistory
 from ascend_platform.models.deepseek_v41.hyper_connections import hc_collapse, mhc_post, mhc_pre_delayed
 
 # V4.1's post-mix multiplier is fixed (nvidia/model.py DeepseekV4DecoderLayer.hc_post_alpha).
@@ -152,12 +152,12 @@ class AscendDeepseekV41Model(nn.Module):
                                                          self.candidate_block_buffer, self.engram_layout),
             prefix=f"{prefix}.layers")
         self.engram_hash: AscendNgramHash | None = None
-        self.engram_history: SlotTokenHistory | None = None
+        self.engram_history: HashHistory | None = None
         if self.engram_layout is not None and any(i > 0 for i in self.engram_layout.layer_ids):
             self.engram_hash = AscendNgramHash(vllm_config, self.engram_layout)
             if not vllm_config.use_v2_model_runner:
                 first = self.layers[self.start_layer]
-                self.engram_history = SlotTokenHistory(first.attn.swa_cache_layer, self.engram_hash.lookback_depth)
+                self.engram_history = HashHistory(first.attn.swa_cache_layer)
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
     def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
@@ -174,12 +174,14 @@ class AscendDeepseekV41Model(nn.Module):
         swa_metadata = metadata[self.layers[self.start_layer].attn.swa_cache_layer.prefix]
         query_start_loc = swa_metadata.query_start_loc
         num_reqs = query_start_loc.shape[0] - 1
-        if lookback_token_ids is None:
-            if self.engram_history is None:
-                raise NotImplementedError("DeepSeek V4.1's engram needs `lookback_token_ids` from model runner V2")
-            lookback_token_ids = self.engram_history.window(input_ids, positions, swa_metadata)
         usage.count("dsv41.engram_hash_calls")
-        return self.engram_hash(input_ids, positions, query_start_loc, lookback_token_ids[:num_reqs])
+        if lookback_token_ids is not None:
+            return self.engram_hash(input_ids, positions, query_start_loc, lookback_token_ids[:num_reqs])
+        if self.engram_history is None:
+            raise NotImplementedError("DeepSeek V4.1's engram needs `lookback_token_ids` from model runner V2")
+        self.engram_history.record(input_ids, self.engram_hash.token_map, swa_metadata)
+        return self.engram_hash(input_ids, positions, query_start_loc, None, self.engram_history,
+                                swa_metadata.block_table[:num_reqs])
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, intermediate_tensors: Any = None,
                 inputs_embeds: torch.Tensor | None = None,
