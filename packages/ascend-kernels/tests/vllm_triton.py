@@ -98,18 +98,34 @@ def _interpreted_call(fn):
     return call
 
 
-def load(relpath: str, replacements: dict[str, str]) -> types.SimpleNamespace:
+def interpreting():
+    """The interpreter's context, for launching a loaded module's kernels directly."""
+    return _interpreting()
+
+
+def load_slice(relpath: str, start: str, end: str, prelude: str,
+               replacements: dict[str, str] | None = None) -> types.SimpleNamespace:
+    """The source of `vllm/<relpath>` from the line `start` up to (not including) the line `end`, run after `prelude`
+    (the imports that stretch needs): for kernels of modules too entangled with GPU setup to load whole."""
+    spec = importlib.util.find_spec("vllm")
+    src = (Path(spec.submodule_search_locations[0]) / relpath).read_text()
+    assert start in src and end in src, f"{relpath} lost {start!r} or {end!r}: re-check the anchor against upstream"
+    body = src[src.index(start): src.index(end, src.index(start))]
+    return load(relpath, replacements or {}, source=prelude + "\n" + body)
+
+
+def load(relpath: str, replacements: dict[str, str], source: str | None = None) -> types.SimpleNamespace:
     """The plain functions of the vLLM module at `vllm/<relpath>`, each `old -> new` source line replaced, every call
     running its kernels in the interpreter."""
     _interpreted_triton()
     spec = importlib.util.find_spec("vllm")  # finds the package without executing it (importing vllm costs ~10 s)
     path = Path(spec.submodule_search_locations[0]) / relpath
-    src = path.read_text()
+    src = path.read_text() if source is None else source
     for old, new in replacements.items():
         assert old in src, f"{relpath} no longer contains {old!r}: re-check the anchor against upstream"
         src = src.replace(old, new)
     # the interpreter re-reads each kernel's source through linecache: register the edited text under its own name
-    filename = f"<vllm anchor: {relpath}>"
+    filename = f"<vllm anchor: {relpath}{'' if source is None else ' (slice)'} #{len(linecache.cache)}>"
     linecache.cache[filename] = (len(src), None, src.splitlines(keepends=True), filename)
     module = types.ModuleType(f"vllm_anchor_{path.stem}")
     module.__file__ = filename

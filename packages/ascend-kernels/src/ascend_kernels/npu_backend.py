@@ -135,11 +135,17 @@ NPU_BINDINGS: dict[str, NpuBinding] = {
     **{name: NpuBinding(target=f"ascend_kernels.reference.{module} on the NPU device", kind="torch", note=note)
        for name, module, note in (
            ("dsv41_mhc_pre_delayed", "dsv41_hyper", "one matmul, sigmoid/softmax and the Sinkhorn loop"),
+           ("dsv41_hc_collapse", "dsv41_hyper", "a weighted sum"),
+           ("dsv41_q_rope_kv_insert", "dsv41_attention", "elementwise RoPE and a scatter by slot"),
            ("dsv41_save_compress_norm", "dsv41_compressor", "one host loop over the requests for the ring store"),
            ("dsv41_rope_quant_insert", "dsv41_compressor", "one nonzero() sync per call"),
            ("dsv41_indexer_k_norm_rope_store", "dsv41_compressor", "one nonzero() sync per call"),
            ("dsv41_select_candidate_blocks", "dsv41_indexer", "a block max and a topk over the rows"),
            ("dsv41_apply_candidate_mask", "dsv41_indexer", "a scatter of block flags and one masked_fill"),
+           ("dsv41_engram_write_hash_cache", "dsv41_engram", "scatter by slot"),
+           ("dsv41_engram_hash", "dsv41_engram", "one int64 pass per n-gram length"),
+           ("dsv41_engram_lookup", "dsv41_engram", "a row gather and the UE8M0 dequantization"),
+           ("dsv41_engram_gate", "dsv41_engram", "elementwise with two row norms"),
        )},
 }
 

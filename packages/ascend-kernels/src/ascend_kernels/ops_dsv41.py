@@ -17,11 +17,17 @@ from ascend_kernels.validation import SWITCH as _SWITCH
 
 __all__ = [
     "dsv41_mhc_pre_delayed",
+    "dsv41_hc_collapse",
+    "dsv41_q_rope_kv_insert",
     "dsv41_save_compress_norm",
     "dsv41_rope_quant_insert",
     "dsv41_indexer_k_norm_rope_store",
     "dsv41_select_candidate_blocks",
     "dsv41_apply_candidate_mask",
+    "dsv41_engram_write_hash_cache",
+    "dsv41_engram_hash",
+    "dsv41_engram_lookup",
+    "dsv41_engram_gate",
 ]
 
 
@@ -46,6 +52,32 @@ def dsv41_mhc_pre_delayed(residual, fn, hc_scale, hc_base, rms_eps: float, hc_pr
     return current_impl().dsv41_mhc_pre_delayed(residual, fn, hc_scale, hc_base, rms_eps, hc_pre_eps,
                                                 hc_sinkhorn_eps, hc_post_mult_value, sinkhorn_repeat, pre_mix, x,
                                                 norm_weight, norm_eps)
+
+
+def dsv41_hc_collapse(x, pre_mix):
+    """`model_executor/kernels/mhc/triton.py::hc_collapse_triton`: the final collapse of the streams (V4.1 has no
+    learned head). x float `[tokens, hc, hidden]`, pre_mix float `[tokens, hc]` (the last FFN's pre); returns
+    `sum_j pre_mix[j] * x[j]` `[tokens, hidden]` in x's dtype (float32 products and sum, float64 for float64 x)."""
+    if _SWITCH.enabled:
+        _vd.check_hc_collapse(x, pre_mix)
+    return current_impl().dsv41_hc_collapse(x, pre_mix)
+
+
+def dsv41_q_rope_kv_insert(q, kv, positions, swa_kv_cache, slot_mapping, cos_sin_cache,
+                           cache_block_size: int):
+    """V4.1's plain-row sliding-window insert (vLLM: `fused_deepseek_v4_qnorm_rope_kv_rope_full_cache_bf16_insert`
+    with apply_q_norm=False; that one is bf16 only and rotates q in place).
+
+    q float `[tokens, heads, head_dim]`: returns a new tensor in q's dtype with the last rope_dim (cos_sin_cache's
+    width) dims GPT-J rotated at positions[t] (no query norm: V4.1 norms q before wq_b). kv float `[>= n, head_dim]`
+    (n = `slot_mapping.shape[0]`): for slot >= 0 the row, rotated the same way, is stored in its own dtype (any float
+    dtype; float32 keeps it exact) at `(slot // cache_block_size, slot % cache_block_size)` of swa_kv_cache `[blocks,
+    cache_block_size, head_dim]` (or its `[blocks, >= cache_block_size * head_dim]` flat view).
+    """
+    if _SWITCH.enabled:
+        _vd.check_q_rope_kv_insert(q, kv, positions, swa_kv_cache, slot_mapping, cos_sin_cache, cache_block_size)
+    return current_impl().dsv41_q_rope_kv_insert(q, kv, positions, swa_kv_cache, slot_mapping, cos_sin_cache,
+                                                 cache_block_size)
 
 
 # ------------------------------------------------------------------------------ compressor and cache inserts
@@ -150,3 +182,70 @@ def dsv41_apply_candidate_mask(logits, row_ks, row_ke, candidate_blocks, block_s
         _vd.check_candidate_blocks("dsv41_apply_candidate_mask", logits, row_ks, row_ke, block_size, row_repeat,
                                    candidate_blocks, "candidate_blocks", None)
     current_impl().dsv41_apply_candidate_mask(logits, row_ks, row_ke, candidate_blocks, block_size, row_repeat)
+
+
+# ------------------------------------------------------------------------------------------------ Engram
+
+
+def dsv41_engram_write_hash_cache(input_ids, token_map, dead_mask, slot_mapping, cache) -> None:
+    """`models/deepseek_v41/common/engram.py::_write_hash_cache_kernel` (the V1 runner's history), in place.
+
+    For t < `slot_mapping.shape[0]` with slot >= 0: cache int `[num_slots]` (keyed like the first layer's sliding-
+    window slots) gets `token_map[input_ids[t]]` (token_map int `[vocab]`: the compressed ids), or -1 (DEAD_ID) where
+    dead_mask bool `[>= n]` is set (None: no dead tokens).
+    """
+    if _SWITCH.enabled:
+        _vd.check_engram_write_hash_cache(input_ids, token_map, dead_mask, slot_mapping, cache)
+    current_impl().dsv41_engram_write_hash_cache(input_ids, token_map, dead_mask, slot_mapping, cache)
+
+
+def dsv41_engram_hash(input_ids, token_map, dead_mask, positions, block_table, query_start_loc, multipliers, primes,
+                      offsets, cache, lookback_token_ids, lookback_dead_mask, pad_id: int,
+                      cache_block_size: int = 1):
+    """`NgramHashState.forward`'s `_hash_ids_kernel` (engram.py): each token's n-gram hash ids.
+
+    T = `input_ids.shape[0]` tokens in requests by query_start_loc int `[R + 1]` (padding tokens past the last bound
+    count as the last request's); positions int `[>= T]`; a request's chunk starts at the position of its first
+    token. Token t looks back s = 0 .. max_ngram - 1 positions: p - s inside the chunk reads input_ids[t - s];
+    before it, column `chunk_start - 1 - (p - s)` of lookback_token_ids int `[R, depth]` (Model Runner V2's lookback
+    ids, -1 unknown; None or depth 0: none), else the V1 history cache int `[num_slots]` through block_table int
+    `[R, max_blocks]` (slot `block * cache_block_size + offset`, both clamped as upstream), else pad_id. Ids map
+    through token_map (dead_mask / lookback_dead_mask bool, or None: -1 = DEAD_ID); once a lookback is before
+    position 0 or dead, it and all longer ones read pad_id. rolling ^= value * multipliers[l, s] (int64 `[L,
+    max_ngram]`); for s >= 1 and head h: `rolling % primes[l, s - 1, h] + offsets[l, (s - 1) * H + h]` (primes int
+    `[L, max_ngram - 1, H]`, offsets int `[L, (max_ngram - 1) * H]`). Returns int32 `[T, L, (max_ngram - 1) * H]`.
+    """
+    if _SWITCH.enabled:
+        _vd.check_engram_hash(input_ids, token_map, dead_mask, positions, block_table, query_start_loc, multipliers,
+                              primes, offsets, cache, lookback_token_ids, lookback_dead_mask, pad_id,
+                              cache_block_size)
+    return current_impl().dsv41_engram_hash(input_ids, token_map, dead_mask, positions, block_table,
+                                            query_start_loc, multipliers, primes, offsets, cache, lookback_token_ids,
+                                            lookback_dead_mask, pad_id, cache_block_size)
+
+
+def dsv41_engram_lookup(weight, weight_scale_inv, indices, out):
+    """`ParallelEngramEmbedding.lookup` (one shard holding every head; engram.py `_engram_lookup_kernel`), in place.
+
+    weight float8_e4m3fn `[rows, dim]` (or any float dtype holding the fp8 values), weight_scale_inv uint8 (or
+    float8_e8m0fnu) `[rows, dim // block]` UE8M0 exponents, indices int `[T, cols]`, out float `[T, cols, dim]` (any
+    float dtype; upstream bfloat16): `weight[i] * 2^(e - 127)` per block of dims (byte 0 reads as 0, 255 as inf, as
+    upstream's bit shift), zeros for ids outside [0, rows) (DEAD_ID rows). Returns out.
+    """
+    if _SWITCH.enabled:
+        _vd.check_engram_lookup(weight, weight_scale_inv, indices, out)
+    return current_impl().dsv41_engram_lookup(weight, weight_scale_inv, indices, out)
+
+
+def dsv41_engram_gate(hidden_states, kv, q_weight, k_weight, token_mask, eps: float, clamp_value: float = 1e-6):
+    """`Engram.forward` after `wkv` (engram.py `_fused_engram_post_wkv_kernel`): the gated add into the streams.
+
+    hidden_states float `[T, hc, d]`, kv float `[Tk, (hc + 1) * d]` (`wkv(lookup)`: one key per stream, then the
+    shared value), q_weight / k_weight float `[hc, d]`, token_mask bool `[Tk]` or None. For t < Tk and stream j:
+    `dot = sum(h * q_w[j] * k_w[j] * key_j) * rsqrt(mean(h^2) + eps) * rsqrt(mean(key_j^2) + eps) / sqrt(d)`, gate
+    = `sigmoid(sign(dot) * sqrt(max(|dot|, clamp_value)))` (0 where token_mask is False), out = h + gate * value;
+    rows t >= Tk pass through. Returns a new tensor in hidden_states' dtype.
+    """
+    if _SWITCH.enabled:
+        _vd.check_engram_gate(hidden_states, kv, q_weight, k_weight, token_mask, eps, clamp_value)
+    return current_impl().dsv41_engram_gate(hidden_states, kv, q_weight, k_weight, token_mask, eps, clamp_value)

@@ -166,3 +166,116 @@ def check_candidate_blocks(op, logits, row_ks, row_ke, block_size, row_repeat, b
         _count(op, "topk_blocks", topk_blocks)
         if blocks.shape[1] < topk_blocks:
             fail(op, blocks_name, blocks, f"[{rows}, >= {topk_blocks}] of dtype int32 or int64")
+
+
+def _bools(op: str, name: str, t: object, shape: tuple, dev) -> None:
+    dims = "[" + ", ".join(str(x) for x in shape) + "] of dtype bool, or None"
+    if t is None:
+        return
+    if not isinstance(t, torch.Tensor) or t.dtype != torch.bool or t.dim() != len(shape) or \
+            any(got < want for got, want in zip(t.shape, shape, strict=True)):
+        fail(op, name, t, dims)
+    same_device(op, name, t, dev, dims)
+
+
+def check_engram_write_hash_cache(input_ids, token_map, dead_mask, slot_mapping, cache) -> None:
+    op = "dsv41_engram_write_hash_cache"
+    index(op, "slot_mapping", slot_mapping, 1, "[n]")
+    n = slot_mapping.shape[0]
+    dev = slot_mapping.device
+    _ints(op, "input_ids", input_ids, dev, n, at_least=True)
+    _ints(op, "token_map", token_map, dev)
+    _bools(op, "dead_mask", dead_mask, (n,), dev)
+    _ints(op, "cache", cache, dev)
+
+
+def check_engram_hash(input_ids, token_map, dead_mask, positions, block_table, query_start_loc, multipliers, primes,
+                      offsets, cache, lookback_token_ids, lookback_dead_mask, pad_id, cache_block_size) -> None:
+    op = "dsv41_engram_hash"
+    index(op, "input_ids", input_ids, 1, "[T]")
+    t = input_ids.shape[0]
+    dev = input_ids.device
+    _ints(op, "token_map", token_map, dev)
+    _bools(op, "dead_mask", dead_mask, (t,), dev)
+    _ints(op, "positions", positions, dev, t, at_least=True)
+    _ints(op, "query_start_loc", query_start_loc, dev)
+    if query_start_loc.shape[0] < 2:
+        fail(op, "query_start_loc", query_start_loc, "[num_reqs + 1 >= 2]")
+    r = query_start_loc.shape[0] - 1
+    _ints(op, "multipliers", multipliers, dev, ndim=2)
+    num_layers, max_ngram = multipliers.shape
+    if max_ngram < 2:
+        fail(op, "multipliers", multipliers, "[layers, max_ngram >= 2] of dtype int32 or int64")
+    _ints(op, "primes", primes, dev, num_layers, ndim=3)
+    if primes.shape[1] != max_ngram - 1:
+        fail(op, "primes", primes, f"[{num_layers}, {max_ngram - 1}, heads] of dtype int32 or int64")
+    _ints(op, "offsets", offsets, dev, num_layers, ndim=2)
+    if offsets.shape[1] != (max_ngram - 1) * primes.shape[2]:
+        fail(op, "offsets", offsets, f"[{num_layers}, {(max_ngram - 1) * primes.shape[2]}] of dtype int32 or int64")
+    if lookback_token_ids is not None:
+        _ints(op, "lookback_token_ids", lookback_token_ids, dev, r, at_least=True, ndim=2)
+        _bools(op, "lookback_dead_mask", lookback_dead_mask, tuple(lookback_token_ids.shape), dev)
+    if cache is not None:
+        _ints(op, "cache", cache, dev)
+        _ints(op, "block_table", block_table, dev, ndim=2)
+        _count(op, "cache_block_size", cache_block_size)
+    if isinstance(pad_id, bool) or not isinstance(pad_id, int) or pad_id < 0:
+        fail(op, "pad_id", pad_id, "an int >= 0 (a compressed id)")
+
+
+def check_engram_lookup(weight, weight_scale_inv, indices, out) -> None:
+    op = "dsv41_engram_lookup"
+    _float_tensor(op, "weight", weight, (None, None), None, "[rows, dim] (float8_e4m3fn)")
+    rows, dim = weight.shape
+    dev = weight.device
+    dims = f"[{rows}, dim // block] UE8M0 bytes (uint8 or float8_e8m0fnu)"
+    tensor(op, "weight_scale_inv", weight_scale_inv, 2, dims)
+    scale_dtypes = {torch.uint8, getattr(torch, "float8_e8m0fnu", torch.uint8)}
+    if weight_scale_inv.dtype not in scale_dtypes or weight_scale_inv.shape[0] != rows or \
+            weight_scale_inv.shape[1] < 1 or dim % weight_scale_inv.shape[1]:
+        fail(op, "weight_scale_inv", weight_scale_inv, dims)
+    same_device(op, "weight_scale_inv", weight_scale_inv, dev, dims)
+    _ints(op, "indices", indices, dev, ndim=2)
+    _float_tensor(op, "out", out, (indices.shape[0], indices.shape[1], dim), dev)
+
+
+def check_engram_gate(hidden_states, kv, q_weight, k_weight, token_mask, eps, clamp_value) -> None:
+    op = "dsv41_engram_gate"
+    _float_tensor(op, "hidden_states", hidden_states, (None, None, None), None, "[T, hc, d]")
+    _, hc, d = hidden_states.shape
+    dev = hidden_states.device
+    _float_tensor(op, "kv", kv, (None, (hc + 1) * d), dev, f"[Tk, {(hc + 1) * d}]")
+    _float_tensor(op, "q_weight", q_weight, (hc, d), dev)
+    _float_tensor(op, "k_weight", k_weight, (hc, d), dev)
+    _bools(op, "token_mask", token_mask, (kv.shape[0],), dev)
+    if token_mask is not None and token_mask.dim() == 1 and token_mask.shape[0] != kv.shape[0]:
+        fail(op, "token_mask", token_mask, f"[{kv.shape[0]}] of dtype bool, or None")
+    number(op, "eps", eps, "a positive real number", positive=True)
+    number(op, "clamp_value", clamp_value, "a positive real number", positive=True)
+
+
+def check_hc_collapse(x, pre_mix) -> None:
+    op = "dsv41_hc_collapse"
+    _float_tensor(op, "x", x, (None, None, None), None, "[tokens, hc, hidden]")
+    _float_tensor(op, "pre_mix", pre_mix, (x.shape[0], x.shape[1]), x.device)
+
+
+def check_q_rope_kv_insert(q, kv, positions, cache, slot_mapping, cos_sin_cache, block_size) -> None:
+    op = "dsv41_q_rope_kv_insert"
+    _float_tensor(op, "q", q, (None, None, None), None, "[tokens, heads, head_dim]")
+    t, _, d = q.shape
+    dev = q.device
+    _ints(op, "positions", positions, dev, t, at_least=True)
+    _ints(op, "slot_mapping", slot_mapping, dev)
+    n = slot_mapping.shape[0]
+    _float_tensor(op, "kv", kv, (None, d), dev, f"[>= {n}, {d}]")
+    if kv.shape[0] < n or n > t:
+        fail(op, "slot_mapping", slot_mapping, f"[n <= {min(t, kv.shape[0])}] (one q and kv row each)")
+    _cos_sin(op, "cos_sin_cache", cos_sin_cache, dev, d)
+    _count(op, "cache_block_size", block_size)
+    dims = f"[blocks, {block_size}, {d}] (or [blocks, >= {block_size * d}]) of a float dtype"
+    if not isinstance(cache, torch.Tensor) or not cache.is_floating_point() or \
+            (cache.dim() == 3 and tuple(cache.shape[1:]) != (block_size, d)) or \
+            (cache.dim() == 2 and cache.shape[1] < block_size * d) or cache.dim() not in (2, 3):
+        fail(op, "swa_kv_cache", cache, dims)
+    same_device(op, "swa_kv_cache", cache, dev, dims)

@@ -34,3 +34,8 @@ def dsv41_mhc_pre_delayed(residual, fn, hc_scale, hc_base, rms_eps: float, hc_pr
     if norm_weight is not None:
         collapsed = collapsed * torch.rsqrt(collapsed.square().mean(-1, keepdim=True) + norm_eps) * norm_weight.to(ct)
     return post.unsqueeze(-1), comb, collapsed.to(residual.dtype), pre
+
+
+def dsv41_hc_collapse(x, pre_mix):
+    ct = compute_dtype(x.dtype)
+    return (pre_mix.to(ct).unsqueeze(-1) * x.to(ct)).sum(dim=1).to(x.dtype)

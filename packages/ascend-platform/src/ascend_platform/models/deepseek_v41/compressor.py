@@ -79,9 +79,9 @@ class AscendDeepseekV41Compressor(nn.Module):
         metadata = get_forward_context().attn_metadata
         target = metadata[self.k_cache_prefix]
         cache = self._static_forward_context[self.k_cache_prefix].kv_cache
-        with usage.timed("kernels.dsv41_rope_insert"):
-            kernel_ops().dsv41_rope_insert(latent, positions, rotary_emb.cos_sin_cache, cache, target.slot_mapping,
-                                           self.compress_ratio)
+        with usage.timed("kernels.dsv41_rope_quant_insert"):
+            kernel_ops().dsv41_rope_quant_insert(latent, positions, rotary_emb.cos_sin_cache, cache,
+                                                 target.slot_mapping, self.compress_ratio)
         usage.count(f"attention.ascend_dsa_v41.compressed_rows.ratio{self.compress_ratio}",
                     int(((target.slot_mapping >= 0) & ((positions[: target.slot_mapping.numel()] + 1)
                                                          % self.compress_ratio == 0)).sum()))
