@@ -176,6 +176,13 @@ class AscendPlatformBase(Platform):
             unsupported.append(f"speculative decoding (method {vllm_config.speculative_config.method!r})")
         if unsupported:
             raise AttentionConfigError(f"{what} cannot run on the Ascend platform with " + "; ".join(unsupported))
+        # vLLM registers V4.1's architecture as its vision-language model; without a vision tower this is the text
+        # model, served as one (no encoder budget, no multimodal processor, plain token embeddings).
+        vllm_config.model_config.multimodal_config = None
+        from ascend_platform.models.deepseek_v41 import register_deepseek_v41
+
+        # This process may build the model too (an in-process engine); the worker registers in its own.
+        register_deepseek_v41()
 
     @classmethod
     def _update_device_config(cls, vllm_config: VllmConfig) -> None:

@@ -29,3 +29,17 @@ def deepseek_v41_unavailable_reason() -> str | None:
         return None
     return (f"vLLM {installed_vllm_version()} lacks the DeepSeek V4.1 parts Ascend's V4.1 model is built from "
             f"({', '.join(missing)} absent)")
+
+
+def forget_resolved_model_architectures() -> bool:
+    """Drop vLLM's per-process cache of resolved model classes (`model_loader.utils._MODEL_ARCH_BY_HASH`), so a
+    class registered after the config resolved its architecture (the main process of an in-process engine resolves
+    V4.1's to vLLM's CUDA wrapper while building the config) is the one the loader builds. False where that vLLM
+    has no such cache (nothing to forget)."""
+    from vllm.model_executor.model_loader import utils
+
+    cache = getattr(utils, "_MODEL_ARCH_BY_HASH", None)
+    if not isinstance(cache, dict):
+        return False
+    cache.clear()
+    return True

@@ -20,5 +20,8 @@ def register_deepseek_v41() -> bool:
         return False
     from vllm import ModelRegistry
 
+    from ascend_core.upstream import forget_resolved_model_architectures
+
     ModelRegistry.register_model(ARCHITECTURE, QUALNAME)
+    forget_resolved_model_architectures()
     return True

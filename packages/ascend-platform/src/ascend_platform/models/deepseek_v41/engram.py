@@ -53,8 +53,9 @@ class AscendEngramTable(nn.Module):
 
     def forward(self, hash_ids: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
         """[T, cols] bucket ids -> [T, cols, dim] dequantized rows."""
+        out = torch.empty(*hash_ids.shape, self.weight.shape[1], dtype=out_dtype, device=hash_ids.device)
         with usage.timed("kernels.dsv41_engram_lookup"):
-            return kernel_ops().dsv41_engram_lookup(self.weight, self.weight_scale_inv, hash_ids, out_dtype)
+            return kernel_ops().dsv41_engram_lookup(self.weight, self.weight_scale_inv, hash_ids, out)
 
 
 class AscendEngram(nn.Module):
@@ -81,7 +82,7 @@ class AscendEngram(nn.Module):
         kv = self.wkv(rows.flatten(1))
         usage.count("dsv41.engram_layer_calls")
         with usage.timed("kernels.dsv41_engram_gate"):
-            return kernel_ops().dsv41_engram_gate(residual, kv, self.q_weight, self.k_weight, self.eps)
+            return kernel_ops().dsv41_engram_gate(residual, kv, self.q_weight, self.k_weight, None, self.eps)
 
 
 class AscendNgramHash(nn.Module):
@@ -109,9 +110,39 @@ class AscendNgramHash(nn.Module):
         self.register_buffer("offsets", layout.offsets.to(torch.int64), persistent=False)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, query_start_loc: torch.Tensor,
-                lookback_token_ids: torch.Tensor) -> torch.Tensor:
-        """-> int32 [T, engram layers, (max_ngram - 1) * n_heads]."""
+                lookback_token_ids: torch.Tensor | None, history: HashHistory | None = None,
+                block_table: torch.Tensor | None = None) -> torch.Tensor:
+        """-> int32 [T, engram layers, (max_ngram - 1) * n_heads]. History before a chunk comes from
+        `lookback_token_ids` (MRV2) or the slot-keyed `history` through the first layer's `block_table` (V1)."""
+        cache = history.ids if history is not None else None
+        block_size = history.block_size if history is not None else 1
         with usage.timed("kernels.dsv41_engram_hash"):
-            return kernel_ops().dsv41_engram_hash(input_ids, positions, query_start_loc, lookback_token_ids,
-                                                  self.token_map, self.multipliers, self.primes, self.offsets,
-                                                  self.pad_id)
+            return kernel_ops().dsv41_engram_hash(input_ids, self.token_map, None, positions, block_table,
+                                                  query_start_loc, self.multipliers, self.primes, self.offsets,
+                                                  cache, lookback_token_ids, None, self.pad_id, block_size)
+
+
+class HashHistory:
+    """The V1 runner's history for the hash (it passes no `lookback_token_ids` here): every scheduled token's
+    compressed id is kept in a side buffer at its first-layer sliding-window cache slot, as vLLM's `NgramHashState`
+    does, and the hash reads the positions before a chunk back through that layer's block table. Those positions
+    are inside the window (the hash looks back `max_ngram - 1` < `sliding_window` tokens), so their blocks are still
+    the request's."""
+
+    def __init__(self, swa_cache_layer: nn.Module) -> None:
+        self.swa_cache_layer = swa_cache_layer
+        self.ids: torch.Tensor | None = None
+        self.block_size = 1
+        self._bound_to: int | None = None
+
+    def record(self, input_ids: torch.Tensor, token_map: torch.Tensor, swa_metadata: Any) -> None:
+        kv_cache = self.swa_cache_layer.kv_cache
+        self.block_size = int(swa_metadata.block_size)
+        if self.ids is None or self._bound_to != kv_cache.data_ptr():
+            # A new cache binding (the profile run binds a temporary one first): no history carries over.
+            self.ids = torch.zeros(kv_cache.shape[0] * self.block_size, dtype=torch.int32, device=input_ids.device)
+            self._bound_to = kv_cache.data_ptr()
+        usage.count("dsv41.engram_slot_history_writes")
+        with usage.timed("kernels.dsv41_engram_write_hash_cache"):
+            kernel_ops().dsv41_engram_write_hash_cache(input_ids, token_map, None,
+                                                       swa_metadata.slot_mapping[:input_ids.shape[0]], self.ids)

@@ -29,7 +29,7 @@ from vllm.models.deepseek_v41.nvidia.model import _make_deepseek_v4_weights_mapp
 
 from ascend_platform import usage
 from ascend_platform.models.deepseek_v41.attention import AscendDeepseekV41Attention
-from ascend_platform.models.deepseek_v41.engram import AscendEngram, AscendNgramHash
+from ascend_platform.models.deepseek_v41.engram import AscendEngram, AscendNgramHash, HashHistory
 from ascend_platform.models.deepseek_v41.hyper_connections import hc_collapse, mhc_post, mhc_pre_delayed
 
 # V4.1's post-mix multiplier is fixed (nvidia/model.py DeepseekV4DecoderLayer.hc_post_alpha).
@@ -124,21 +124,12 @@ class AscendDeepseekV41DecoderLayer(nn.Module):
         self.hc_attn_fn_broadcast = self.hc_attn_fn.detach().view(-1, self.hc_mult, self.hidden_size).sum(dim=1)
 
 
-def _batch_query_start_loc() -> torch.Tensor | None:
-    """The batch's per-request query offsets, from any layer's attention metadata (all layers see one batch);
-    None outside a real step (profile/dummy runs bind no metadata)."""
+def _step_metadata() -> dict | None:
+    """This step's attention metadata by layer name; None outside a real step (profile/dummy runs bind none)."""
     if not is_forward_context_available():
         return None
     metadata = get_forward_context().attn_metadata
-    if isinstance(metadata, list):  # micro-batched: not supported (start-up refuses it)
-        return None
-    if not isinstance(metadata, dict):
-        return None
-    for value in metadata.values():
-        query_start_loc = getattr(value, "query_start_loc", None)
-        if isinstance(query_start_loc, torch.Tensor):
-            return query_start_loc
-    return None
+    return metadata if isinstance(metadata, dict) else None
 
 
 class AscendDeepseekV41Model(nn.Module):
@@ -161,8 +152,12 @@ class AscendDeepseekV41Model(nn.Module):
                                                          self.candidate_block_buffer, self.engram_layout),
             prefix=f"{prefix}.layers")
         self.engram_hash: AscendNgramHash | None = None
+        self.engram_history: HashHistory | None = None
         if self.engram_layout is not None and any(i > 0 for i in self.engram_layout.layer_ids):
             self.engram_hash = AscendNgramHash(vllm_config, self.engram_layout)
+            if not vllm_config.use_v2_model_runner:
+                first = self.layers[self.start_layer]
+                self.engram_history = HashHistory(first.attn.swa_cache_layer)
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
     def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
@@ -172,15 +167,21 @@ class AscendDeepseekV41Model(nn.Module):
                        lookback_token_ids: torch.Tensor | None) -> torch.Tensor | None:
         if self.engram_hash is None:
             return None
-        query_start_loc = _batch_query_start_loc()
-        if query_start_loc is None:  # profile / dummy run: no batch to hash
+        metadata = _step_metadata()
+        if metadata is None:  # profile / dummy run: no batch to hash
             return None
-        if lookback_token_ids is None:
-            raise NotImplementedError("DeepSeek V4.1's engram needs `lookback_token_ids` from the model runner "
-                                      "(the ids before each chunk); this runner passed none")
+        # Any layer's metadata describes the batch; the first layer's sliding-window one also addresses its cache.
+        swa_metadata = metadata[self.layers[self.start_layer].attn.swa_cache_layer.prefix]
+        query_start_loc = swa_metadata.query_start_loc
         num_reqs = query_start_loc.shape[0] - 1
         usage.count("dsv41.engram_hash_calls")
-        return self.engram_hash(input_ids, positions, query_start_loc, lookback_token_ids[:num_reqs])
+        if lookback_token_ids is not None:
+            return self.engram_hash(input_ids, positions, query_start_loc, lookback_token_ids[:num_reqs])
+        if self.engram_history is None:
+            raise NotImplementedError("DeepSeek V4.1's engram needs `lookback_token_ids` from model runner V2")
+        self.engram_history.record(input_ids, self.engram_hash.token_map, swa_metadata)
+        return self.engram_hash(input_ids, positions, query_start_loc, None, self.engram_history,
+                                swa_metadata.block_table[:num_reqs])
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, intermediate_tensors: Any = None,
                 inputs_embeds: torch.Tensor | None = None,
@@ -240,7 +241,11 @@ class AscendDeepseekV41ForCausalLM(nn.Module):
 
         return AscendDeepseekV41ModelState
 
-    def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
+    def embed_input_ids(self, input_ids: torch.Tensor, multimodal_embeddings: Any = None, **_: Any) -> torch.Tensor:
+        # vLLM registers V4.1's architecture as its vision-language model, so the engine treats it as multimodal and
+        # hands the (always empty: no vision tower here, start-up refuses one) image embeddings along.
+        if multimodal_embeddings is not None and len(multimodal_embeddings) > 0:
+            raise NotImplementedError("DeepSeek V4.1 on Ascend serves the text model only: got image embeddings")
         return self.model.embed_input_ids(input_ids)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, intermediate_tensors: Any = None,
