@@ -113,3 +113,19 @@ def _pow2_exponent(amax: float) -> int:
 def dsv4_naive():
     return SimpleNamespace(fp8_bytes=_fp8_bytes, ds_mla_record=_ds_mla_record, indexer_record=_indexer_record,
                            gptj=_gptj, rope_cache=_rope_cache, pow2_exponent=_pow2_exponent)
+
+
+# ------------------------------------------------------------------ DeepSeek V4.1: vLLM's Triton kernels as anchors
+
+
+@pytest.fixture(scope="session")
+def vllm_triton():
+    """`tests/vllm_triton.py` (loaded by path: the tests run with --import-mode=importlib)."""
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location("ascend_kernels_tests_vllm_triton",
+                                                  Path(__file__).with_name("vllm_triton.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

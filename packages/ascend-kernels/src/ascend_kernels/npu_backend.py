@@ -131,6 +131,22 @@ NPU_BINDINGS: dict[str, NpuBinding] = {
            ("dsv4_mhc_post", "dsv4_hyper", "one einsum"),
            ("dsv4_hc_head", "dsv4_hyper", "one matmul and a weighted sum"),
        )},
+    # DeepSeek V4.1: its Triton kernels have no torch_npu counterpart either; the reference runs on the device.
+    **{name: NpuBinding(target=f"ascend_kernels.reference.{module} on the NPU device", kind="torch", note=note)
+       for name, module, note in (
+           ("dsv41_mhc_pre_delayed", "dsv41_hyper", "one matmul, sigmoid/softmax and the Sinkhorn loop"),
+           ("dsv41_hc_collapse", "dsv41_hyper", "a weighted sum"),
+           ("dsv41_q_rope_kv_insert", "dsv41_attention", "elementwise RoPE and a scatter by slot"),
+           ("dsv41_save_compress_norm", "dsv41_compressor", "one host loop over the requests for the ring store"),
+           ("dsv41_rope_quant_insert", "dsv41_compressor", "one nonzero() sync per call"),
+           ("dsv41_indexer_k_norm_rope_store", "dsv41_compressor", "one nonzero() sync per call"),
+           ("dsv41_select_candidate_blocks", "dsv41_indexer", "a block max and a topk over the rows"),
+           ("dsv41_apply_candidate_mask", "dsv41_indexer", "a scatter of block flags and one masked_fill"),
+           ("dsv41_engram_write_hash_cache", "dsv41_engram", "scatter by slot"),
+           ("dsv41_engram_hash", "dsv41_engram", "one int64 pass per n-gram length"),
+           ("dsv41_engram_lookup", "dsv41_engram", "a row gather and the UE8M0 dequantization"),
+           ("dsv41_engram_gate", "dsv41_engram", "elementwise with two row norms"),
+       )},
 }
 
 _FIA_MASK_SIZE = 2048  # the compressed causal mask sparse_mode 3 expects
@@ -486,7 +502,7 @@ def npu_ops() -> dict[str, Callable]:
         "indexer_cache_write": reference.indexer_cache_write,
         "indexer_topk": reference.indexer_topk,
         "sparse_mla_attention": reference.sparse_mla_attention,
-        **{name: reference.REFERENCE_OPS[name] for name in NPU_BINDINGS if name.startswith("dsv4_")},
+        **{name: reference.REFERENCE_OPS[name] for name in NPU_BINDINGS if name.startswith(("dsv4_", "dsv41_"))},
     }
     assert table.keys() == NPU_BINDINGS.keys()
     return table

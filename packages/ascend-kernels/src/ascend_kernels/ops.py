@@ -35,6 +35,7 @@ from ascend_kernels.ops_dsv4 import (  # noqa: F401  (DeepSeek V4's ops live in 
     dsv4_sparse_mla_with_kvcache,
     dsv4_topk_transform,
 )
+from ascend_kernels.ops_dsv41 import *  # noqa: F403  (DeepSeek V4.1's ops: their own module, listed in its __all__)
 from ascend_kernels.registry import OP_NAMES, current_impl
 
 __all__ = list(OP_NAMES)

@@ -34,7 +34,7 @@ __all__ = [
 
 
 def dsv4_qnorm_rope_kv_insert(q, kv, positions, swa_kv_cache_2d, slot_mapping, cos_sin_cache, q_head_padded: int,
-                              eps: float, cache_block_size: int) -> torch.Tensor:
+                              eps: float, cache_block_size: int, *, apply_q_norm: bool = True) -> torch.Tensor:
     """`fused_qnorm_rope_kv_insert_cpu`: the queries' weight-free RMSNorm + GPT-J RoPE, and the KV insert.
 
     q float `[num_tokens, num_heads, head_dim]` (head_dim = nope + 64 rope dims, nope a multiple of 64); per head:
@@ -43,13 +43,14 @@ def dsv4_qnorm_rope_kv_insert(q, kv, positions, swa_kv_cache_2d, slot_mapping, c
     q_head_padded, head_dim]` in q's dtype, heads past num_heads zero. KV: kv row t (`[>= num_insert, head_dim]`) for
     t < num_insert = `slot_mapping.shape[0]`: RoPE at positions[t], the row rounded through bf16, stored at
     slot_mapping[t] (-1 skipped) into swa_kv_cache_2d (fp8_ds_mla, cache_block_size records per row) with UE8M0 tile
-    scales; like the upstream kernel, values below fp8's smallest normal are flushed to zero.
+    scales; like the upstream kernel, values below fp8's smallest normal are flushed to zero. apply_q_norm=False
+    (DeepSeek V4.1, whose query is normed before wq_b: upstream's `apply_q_norm` argument) skips the query norm.
     """
     if _SWITCH.enabled:
         _vd.check_qnorm_rope_kv_insert(q, kv, positions, swa_kv_cache_2d, slot_mapping, cos_sin_cache,
                                        q_head_padded, eps, cache_block_size)
     return current_impl().dsv4_qnorm_rope_kv_insert(q, kv, positions, swa_kv_cache_2d, slot_mapping, cos_sin_cache,
-                                                    q_head_padded, eps, cache_block_size)
+                                                    q_head_padded, eps, cache_block_size, apply_q_norm=apply_q_norm)
 
 
 def dsv4_save_partial_states(kv, score, ape, positions, state_cache, slot_mapping) -> None:
@@ -162,10 +163,12 @@ def dsv4_sparse_mla_with_kvcache(out, q, window_cache_2d, window_slots, window_b
     q float `[num_tokens, num_heads, head_dim]` (nope + 64 rope dims), out `[num_tokens, num_heads, head_dim]` (any
     float dtype); window_slots int `[num_tokens, num_window >= 1]` into window_cache_2d (fp8_ds_mla,
     window_block_size records per row), compressed_slots int `[num_tokens, num_compressed >= 0]` into
-    compressed_cache_2d (compressed_block_size; unused when num_compressed is 0). A slot counts when in [0, rows *
-    block_size). Logits `scale * q . k_j` over the dequantized records (nope fp8 * scale | rope), float32 softmax
-    that also counts attn_sink float `[num_heads]` as one more logit with a zero value; out = `sum_j w_j k_j` (the
-    full record is the value). A token with no valid slot gets zeros.
+    compressed_cache_2d (compressed_block_size; unused when num_compressed is 0). Either cache may instead hold plain
+    rows in a float dtype (DeepSeek V4.1's model-dtype caches): a `[rows, >= block_size * head_dim]` view, record
+    `(slot // block_size, slot % block_size)`. A slot counts when in [0, rows * block_size). Logits `scale * q .
+    k_j` over the dequantized records (nope fp8 * scale | rope), float32 softmax that also counts attn_sink float
+    `[num_heads]` as one more logit with a zero value; out = `sum_j w_j k_j` (the full record is the value). A token
+    with no valid slot gets zeros.
     """
     if _SWITCH.enabled:
         _vd.check_sparse_mla_with_kvcache(out, q, window_cache_2d, window_slots, window_block_size,

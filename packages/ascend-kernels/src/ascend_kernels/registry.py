@@ -55,6 +55,18 @@ OP_NAMES: tuple[str, ...] = (
     "dsv4_mhc_pre",
     "dsv4_mhc_post",
     "dsv4_hc_head",
+    "dsv41_mhc_pre_delayed",
+    "dsv41_hc_collapse",
+    "dsv41_q_rope_kv_insert",
+    "dsv41_save_compress_norm",
+    "dsv41_rope_quant_insert",
+    "dsv41_indexer_k_norm_rope_store",
+    "dsv41_select_candidate_blocks",
+    "dsv41_apply_candidate_mask",
+    "dsv41_engram_write_hash_cache",
+    "dsv41_engram_hash",
+    "dsv41_engram_lookup",
+    "dsv41_engram_gate",
 )
 
 BACKEND_NAMES: tuple[str, ...] = ("reference", "npu")

@@ -45,6 +45,18 @@ def _byte_cache(op: str, name: str, t: object, block_size: int, record_bytes: in
     same_device(op, name, t, dev, dims)
 
 
+def _record_cache(op: str, name: str, t: object, block_size: int, record_bytes: int, head_dim: int, dev) -> None:
+    """An fp8_ds_mla byte cache, or (DeepSeek V4.1) plain rows of a float dtype seen as `[num_blocks, >= block_size *
+    head_dim]`."""
+    if isinstance(t, torch.Tensor) and t.is_floating_point():
+        dims = f"a float [num_blocks, >= {block_size * head_dim}] view ({block_size} rows of {head_dim} per block)"
+        if t.dim() != 2 or t.shape[1] < block_size * head_dim or t.stride(1) != 1:
+            fail(op, name, t, dims)
+        same_device(op, name, t, dev, dims)
+        return
+    _byte_cache(op, name, t, block_size, record_bytes, dev)
+
+
 def _ds_mla_head_dim(op: str, name: str, t: torch.Tensor) -> int:
     d = t.shape[-1]
     if d <= ROPE_DIM or (d - ROPE_DIM) % QUANT_BLOCK:
@@ -194,10 +206,10 @@ def check_sparse_mla_with_kvcache(out, q, window_cache_2d, window_slots, window_
     _rows(op, "compressed_slots", compressed_slots, 2, f"[{t}, num_compressed]", dev, t)
     record = sum(ds_mla_record_bytes(nope))
     _count(op, "window_block_size", window_block_size)
-    _byte_cache(op, "window_cache_2d", window_cache_2d, window_block_size, record, dev)
+    _record_cache(op, "window_cache_2d", window_cache_2d, window_block_size, record, d, dev)
     if compressed_slots.shape[1]:
         _count(op, "compressed_block_size", compressed_block_size)
-        _byte_cache(op, "compressed_cache_2d", compressed_cache_2d, compressed_block_size, record, dev)
+        _record_cache(op, "compressed_cache_2d", compressed_cache_2d, compressed_block_size, record, d, dev)
     _float_tensor(op, "attn_sink", attn_sink, 1, f"[{h}]", dev)
     if attn_sink.shape[0] != h:
         fail(op, "attn_sink", attn_sink, f"[{h}]")

@@ -130,9 +130,10 @@ class AscendPlatformBase(Platform):
         """A DeepSeek-V4-style model stops here when the Ascend platform cannot build it. vLLM's V4 model never asks
         `get_attn_backend_cls`: it picks its attention classes by platform kind (`vllm/models/deepseek_v4/__init__.py`:
         CUDA's on anything that is not ROCm, XPU or CPU). The worker registers Ascend's V4 model instead
-        (`ascend_platform.models.deepseek_v4`), built on vLLM's device-neutral V4 implementation; V4.1 has none
-        (CUDA and ROCm only), so without these checks it would fail deep in model construction ("DeepseekV4
-        attention requires a CUDA device") instead of naming what is missing."""
+        (`ascend_platform.models.deepseek_v4`), built on vLLM's device-neutral V4 implementation, and Ascend's V4.1
+        text model (`ascend_platform.models.deepseek_v41`); without these checks a model they cannot build would fail
+        deep in model construction ("DeepseekV4 attention requires a CUDA device") instead of naming what is
+        missing."""
         model = vllm_config.model_config
         model_type = getattr(getattr(model, "hf_config", None), "model_type", None)
         if model is None or model_type not in _COMPRESSED_MODEL_TYPES:
@@ -143,16 +144,45 @@ class AscendPlatformBase(Platform):
             select_attention_backend(choice)
         except (NotImplementedError, ValueError) as exc:
             raise AttentionConfigError(f"{what} cannot run on the Ascend platform: {exc}") from exc
-        if model_type != "deepseek_v4":
-            raise AttentionConfigError(
-                f"{what} cannot run on the Ascend platform: the ASCEND_DSA layers are built on vLLM's device-neutral "
-                f"DeepSeek V4 implementation, and vLLM has none for {model_type} (its V4.1 attention is CUDA/ROCm "
-                f"only)")
+        if model_type == "deepseek_v41":
+            cls._check_deepseek_v41(vllm_config, what)
+            return
         from ascend_core.upstream import deepseek_v4_unavailable_reason
 
         refused = deepseek_v4_unavailable_reason()
         if refused is not None:
             raise AttentionConfigError(f"{what} cannot run on the Ascend platform (ASCEND_DSA): {refused}")
+
+    @classmethod
+    def _check_deepseek_v41(cls, vllm_config: VllmConfig, what: str) -> None:
+        """DeepSeek V4.1 runs as Ascend's text model (`ascend_platform.models.deepseek_v41`, registered by the
+        worker), rebuilt from vLLM's device-neutral V4.1 and V4 parts; what it does not cover stops here, named."""
+        from ascend_core.upstream import deepseek_v4_unavailable_reason, deepseek_v41_unavailable_reason
+
+        refused = deepseek_v41_unavailable_reason() or deepseek_v4_unavailable_reason()
+        if refused is not None:
+            raise AttentionConfigError(f"{what} cannot run on the Ascend platform (ASCEND_DSA): {refused}")
+        hf_config = vllm_config.model_config.hf_config
+        parallel = vllm_config.parallel_config
+        unsupported = []
+        if int(getattr(hf_config, "vision_n_layers", 0) or 0) > 0:
+            unsupported.append(f"a vision tower (vision_config num_hidden_layers={hf_config.vision_n_layers}; "
+                               "only the text model is supported)")
+        if parallel.tensor_parallel_size != 1:
+            unsupported.append(f"tensor_parallel_size={parallel.tensor_parallel_size} (only 1)")
+        if parallel.pipeline_parallel_size != 1:
+            unsupported.append(f"pipeline_parallel_size={parallel.pipeline_parallel_size} (only 1)")
+        if vllm_config.speculative_config is not None:
+            unsupported.append(f"speculative decoding (method {vllm_config.speculative_config.method!r})")
+        if unsupported:
+            raise AttentionConfigError(f"{what} cannot run on the Ascend platform with " + "; ".join(unsupported))
+        # vLLM registers V4.1's architecture as its vision-language model; without a vision tower this is the text
+        # model, served as one (no encoder budget, no multimodal processor, plain token embeddings).
+        vllm_config.model_config.multimodal_config = None
+        from ascend_platform.models.deepseek_v41 import register_deepseek_v41
+
+        # This process may build the model too (an in-process engine); the worker registers in its own.
+        register_deepseek_v41()
 
     @classmethod
     def _update_device_config(cls, vllm_config: VllmConfig) -> None:

@@ -12,6 +12,7 @@ from ascend_core.upstream.connector import (
     transfer_results,
 )
 from ascend_core.upstream.deepseek_v4 import deepseek_v4_unavailable_reason
+from ascend_core.upstream.deepseek_v41 import deepseek_v41_unavailable_reason, forget_resolved_model_architectures
 from ascend_core.upstream.errors import ENGINE_TESTED, STATIC_ONLY, SUPPORTED_RANGE, UpstreamContractError
 from ascend_core.upstream.kv_connector import unregister_connector_kv_caches
 from ascend_core.upstream.kv_layout import kv_cache_layouts
@@ -53,9 +54,11 @@ __all__ = [
     "capabilities",
     "connector_kv_manager_unavailable_reason",
     "deepseek_v4_unavailable_reason",
+    "deepseek_v41_unavailable_reason",
     "default_loader",
     "detect_capabilities",
     "dflash2_unavailable_reason",
+    "forget_resolved_model_architectures",
     "installed_vllm_version",
     "kv_cache_layouts",
     "kv_config_layout",

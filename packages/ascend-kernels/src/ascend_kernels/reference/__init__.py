@@ -30,6 +30,20 @@ from ascend_kernels.reference.dsv4_indexer import (
     dsv4_indexer_q_rope_quant,
     dsv4_topk_transform,
 )
+from ascend_kernels.reference.dsv41_attention import dsv41_q_rope_kv_insert
+from ascend_kernels.reference.dsv41_compressor import (
+    dsv41_indexer_k_norm_rope_store,
+    dsv41_rope_quant_insert,
+    dsv41_save_compress_norm,
+)
+from ascend_kernels.reference.dsv41_engram import (
+    dsv41_engram_gate,
+    dsv41_engram_hash,
+    dsv41_engram_lookup,
+    dsv41_engram_write_hash_cache,
+)
+from ascend_kernels.reference.dsv41_hyper import dsv41_hc_collapse, dsv41_mhc_pre_delayed
+from ascend_kernels.reference.dsv41_indexer import dsv41_apply_candidate_mask, dsv41_select_candidate_blocks
 from ascend_kernels.reference.gumbel import gumbel_sample
 from ascend_kernels.reference.layers import rms_norm, rotary_embedding, silu_and_mul
 from ascend_kernels.reference.logprobs import gather_logprobs, token_ranks
@@ -85,4 +99,16 @@ REFERENCE_OPS = {
     "dsv4_mhc_pre": dsv4_mhc_pre,
     "dsv4_mhc_post": dsv4_mhc_post,
     "dsv4_hc_head": dsv4_hc_head,
+    "dsv41_mhc_pre_delayed": dsv41_mhc_pre_delayed,
+    "dsv41_hc_collapse": dsv41_hc_collapse,
+    "dsv41_q_rope_kv_insert": dsv41_q_rope_kv_insert,
+    "dsv41_save_compress_norm": dsv41_save_compress_norm,
+    "dsv41_rope_quant_insert": dsv41_rope_quant_insert,
+    "dsv41_indexer_k_norm_rope_store": dsv41_indexer_k_norm_rope_store,
+    "dsv41_select_candidate_blocks": dsv41_select_candidate_blocks,
+    "dsv41_apply_candidate_mask": dsv41_apply_candidate_mask,
+    "dsv41_engram_write_hash_cache": dsv41_engram_write_hash_cache,
+    "dsv41_engram_hash": dsv41_engram_hash,
+    "dsv41_engram_lookup": dsv41_engram_lookup,
+    "dsv41_engram_gate": dsv41_engram_gate,
 }

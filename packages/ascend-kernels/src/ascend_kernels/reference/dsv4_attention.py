@@ -28,13 +28,13 @@ def _rms_normalized(x: torch.Tensor, eps: float) -> torch.Tensor:
 
 
 def dsv4_qnorm_rope_kv_insert(q, kv, positions, swa_kv_cache_2d, slot_mapping, cos_sin_cache, q_head_padded: int,
-                              eps: float, cache_block_size: int) -> torch.Tensor:
+                              eps: float, cache_block_size: int, *, apply_q_norm: bool = True) -> torch.Tensor:
     t, h, d = q.shape
     rope_dim = cos_sin_cache.shape[1]
     nope_dim = d - rope_dim
     ct = compute_dtype(q.dtype)
     cos, sin = cos_sin(cos_sin_cache, positions, ct)
-    x = _rms_normalized(q.to(ct), eps)
+    x = _rms_normalized(q.to(ct), eps) if apply_q_norm else q.to(ct)
     x = torch.cat((x[..., :nope_dim], gptj_rope(x[..., nope_dim:], cos.unsqueeze(1), sin.unsqueeze(1))), dim=-1)
     q_out = q.new_zeros(t, q_head_padded, d)
     q_out[:, :h] = x.to(q.dtype)
@@ -57,7 +57,13 @@ def _gather_keys(cache_2d, slots, block_size: int, nope_dim: int, dtype: torch.d
     valid = (slots >= 0) & (slots < cache_2d.shape[0] * block_size)
     # neighbouring tokens share most of their window and selection: dequantize each record once
     unique, inverse = torch.unique(torch.where(valid, slots, 0).flatten(), return_inverse=True)
-    keys = read_ds_mla(cache_2d, block_size, unique, nope_dim, dtype).index_select(0, inverse).view(t, k, -1)
+    if cache_2d.dtype == torch.uint8:
+        rows = read_ds_mla(cache_2d, block_size, unique, nope_dim, dtype)
+    else:  # plain rows in a float dtype (DeepSeek V4.1's model-dtype caches)
+        d = nope_dim + ROPE_DIM
+        rows = cache_2d[:, : block_size * d].unflatten(1, (block_size, d))[unique // block_size, unique % block_size]
+        rows = rows.to(dtype)
+    keys = rows.index_select(0, inverse).view(t, k, -1)
     return torch.where(valid.unsqueeze(-1), keys, torch.zeros_like(keys)), valid
 
 

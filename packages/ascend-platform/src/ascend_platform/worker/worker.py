@@ -52,11 +52,17 @@ class AscendWorkerMixin:
         usage.note("kernel_backend", kernel_backend_name())
         usage.note("kernel_checks", ascend.kernel_checks)
         runner = cls(self.vllm_config, self.device)
-        if getattr(self.vllm_config.model_config.hf_config, "model_type", None) == "deepseek_v4":
+        model_type = getattr(self.vllm_config.model_config.hf_config, "model_type", None)
+        if model_type == "deepseek_v4":
             from ascend_platform.models.deepseek_v4 import register_deepseek_v4
 
             # Per process, before the runner builds the model: vLLM's own V4 entry would pick CUDA's classes.
             register_deepseek_v4()
+        elif model_type == "deepseek_v41":
+            from ascend_platform.models.deepseek_v41 import register_deepseek_v41
+
+            # vLLM's V4.1 entry is its CUDA/ROCm vision-language wrapper.
+            register_deepseek_v41()
         if self.vllm_config.speculative_config is not None:
             import ascend_specdecode
             from ascend_core.upstream import dflash2_unavailable_reason
