@@ -204,9 +204,11 @@ def float64_v41_outputs(model_dir: str | os.PathLike, prompts: list[str], max_to
     delayed_mhc, rounding, latent_bf16, index_fp8, dtype)."""
     import torch
 
+    from ascend_testkit.compare import one_thread
+
     ref = V41Reference(model_dir, Options(**options))
     outputs = []
-    with torch.no_grad():
+    with torch.no_grad(), one_thread():
         for prompt in prompts:
             ids = ref.tokenizer(prompt).input_ids
             token_ids, tops = [], []

@@ -210,8 +210,10 @@ def select(logits: Any, causal: Any, topk: int) -> Any:
     k = min(topk, logits.shape[1])
     chosen = torch.zeros_like(causal)
     if k:
-        top = logits.topk(k, dim=-1)
-        chosen.scatter_(1, top.indices, torch.isfinite(top.values))
+        # Equal logits (relu zeros make exact ties common) go to the lower position first, as the engine's top-k
+        # (ascend_kernels.dsv4_topk_transform) does; torch.topk leaves the order among equals unspecified.
+        order = torch.argsort(-logits, dim=-1, stable=True)[:, :k]
+        chosen.scatter_(1, order, torch.isfinite(logits.gather(1, order)))
     return torch.where(counts <= topk, causal, chosen)
 
 
