@@ -12,9 +12,8 @@ itself rounds: the compressor latent to bf16, the indexer's q/k to fp8).
   indexer and the candidate blocks select), and chunked prefill (a 32-token budget: long prompts in chunks continuing
   a cached context, the engram's n-grams crossing chunk edges), on MRV2 (the lane's default runner) and on the V1
   runner, give the reference's tokens under `check_logprobs_close`; usage counters show each part ran.
-- Knock-outs: the reference without engram, with dense compressed attention, or with V4's undelayed mHC gives other
-  tokens on some prompt than the engine: the engine's agreement depends on each.
-- Not yet here: candidate-block filtering (`CHECKPOINT` turns it off; the attention side does not serve it yet).
+- Knock-outs: the reference without engram, without candidate filtering, with dense compressed attention, or with
+  V4's undelayed mHC gives other tokens on some prompt than the engine: the engine's agreement depends on each.
 - What the lane does not serve (a vision tower) is refused at start-up, naming the value.
 """
 
@@ -33,9 +32,6 @@ MAX_TOKENS = 8
 LOGPROBS = 5
 ENGINE = dict(dtype="float32", max_model_len=256, enforce_eager=True, max_num_seqs=4, seed=0)
 CHUNKED = dict(enable_chunked_prefill=True, max_num_batched_tokens=32)
-# The tiny checkpoint's candidate-block filtering is left out until the attention side serves it (see the module
-# docstring); everything else is the builder's default V4.1.
-CHECKPOINT = dict(candidate_source_layer_id=None)
 RUNS = (("mrv2", "sim_host", {}), ("mrv2_chunked", "sim_host", CHUNKED), ("v1_chunked", "sim_v1_host", CHUNKED))
 
 
@@ -43,7 +39,7 @@ RUNS = (("mrv2", "sim_host", {}), ("mrv2_chunked", "sim_host", CHUNKED), ("v1_ch
 def v41_model(cache_root) -> Path:
     from ascend_testkit.models.deepseek_v41 import cached_tiny_deepseek_v41
 
-    return cached_tiny_deepseek_v41(cache_dir=cache_root / "models", **CHECKPOINT)
+    return cached_tiny_deepseek_v41(cache_dir=cache_root / "models")
 
 
 @pytest.fixture(scope="module")
@@ -106,8 +102,11 @@ def test_engine_serves_deepseek_v41_like_the_float64_reference(v41_served, refer
     for kind in ("ratio0.tokens", "ratio1.tokens", "ratio2.tokens", "compressed_rows.ratio1",
                  "compressed_rows.ratio2", "indexed_tokens"):
         assert counts.get(f"attention.ascend_dsa_v41.{kind}", 0) > 0, kind
+    # The candidate source (layer 4) published its blocks and a later index source (layer 5) kept only those.
+    assert counts.get("attention.ascend_dsa_v41.candidate_filtered_tokens", 0) > 0
     for op in ("dsv41_q_rope_kv_insert", "dsv41_save_compress_norm", "dsv41_indexer_k_norm_rope_store",
-               "dsv4_fp8_paged_mqa_logits", "dsv4_topk_transform", "dsv4_sparse_mla_with_kvcache"):
+               "dsv4_fp8_paged_mqa_logits", "dsv4_topk_transform", "dsv4_sparse_mla_with_kvcache",
+               "dsv41_select_candidate_blocks", "dsv41_apply_candidate_mask"):
         assert counts.get(f"kernels.{op}", 0) > 0, op
 
 
@@ -122,8 +121,8 @@ def test_chunked_prefill_serves_the_reference_tokens(v41_served, reference, run)
         assert served["counts"]["dsv41.engram_slot_history_writes"] > 0
 
 
-@pytest.mark.parametrize("knock_out", [dict(engram=False), dict(index_topk=10**6), dict(delayed_mhc=False)],
-                         ids=lambda k: next(iter(k)))
+@pytest.mark.parametrize("knock_out", [dict(engram=False), dict(candidates=False), dict(index_topk=10**6),
+                                       dict(delayed_mhc=False)], ids=lambda k: next(iter(k)))
 def test_engine_depends_on_each_v41_feature(v41_model, v41_prompts, v41_served, reference, knock_out):
     from ascend_testkit.models.deepseek_v41_reference import float64_v41_outputs
 
