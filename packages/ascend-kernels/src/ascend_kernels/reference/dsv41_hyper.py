@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import torch
 
+from ascend_kernels.reference.dsv4_hyper import normalized_mixes, mix_coefficients
 from ascend_kernels.reference.dsv4_layout import compute_dtype
 
 
@@ -16,17 +17,8 @@ def dsv41_mhc_pre_delayed(residual, fn, hc_scale, hc_base, rms_eps: float, hc_pr
     hc = residual.shape[1]
     ct = compute_dtype(residual.dtype)
     flat = (residual.flatten(1) if x is None else x).to(ct)
-    # projection of the un-normalised rows, scaled by their rms after (vLLM's order)
-    mixes = (flat @ fn.to(ct).t()) * torch.rsqrt(flat.square().mean(-1, keepdim=True) + rms_eps)
-    scale, base = hc_scale.to(ct), hc_base.to(ct)
-    pre = torch.sigmoid(mixes[:, :hc] * scale[0] + base[:hc]) + hc_pre_eps
-    post = torch.sigmoid(mixes[:, hc: 2 * hc] * scale[1] + base[hc: 2 * hc]) * hc_post_mult_value
-    comb = mixes[:, 2 * hc:].view(-1, hc, hc) * scale[2] + base[2 * hc:].view(1, hc, hc)
-    comb = torch.softmax(comb, dim=-1) + hc_sinkhorn_eps
-    comb = comb / (comb.sum(dim=-2, keepdim=True) + hc_sinkhorn_eps)
-    for _ in range(sinkhorn_repeat - 1):
-        comb = comb / (comb.sum(dim=-1, keepdim=True) + hc_sinkhorn_eps)
-        comb = comb / (comb.sum(dim=-2, keepdim=True) + hc_sinkhorn_eps)
+    pre, post, comb = mix_coefficients(normalized_mixes(flat, fn, rms_eps), hc, hc_scale.to(ct), hc_base.to(ct),
+                                       hc_pre_eps, hc_sinkhorn_eps, hc_post_mult_value, sinkhorn_repeat)
     if pre_mix is None:
         collapsed = residual[:, 0].to(ct)
     else:
