@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from ascend_kernels.reference.dsv4_hyper import normalized_mixes, mix_coefficients
+from ascend_kernels.reference.dsv4_hyper import mix_coefficients, normalized_mixes
 from ascend_kernels.reference.dsv4_layout import compute_dtype
 
 
