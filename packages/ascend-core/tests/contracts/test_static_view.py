@@ -146,3 +146,40 @@ def test_runtime_bound_names_instances_and_keyword_only_fields(tmp_path: Path) -
     assert view.resolve("vllm.platforms.Params").signature == ("*", "n=1", "extra_args=None")  # msgspec.Struct
     # attributes an instance gets in __init__ count as members
     assert {"device", "stream", "count", "set_device"} <= view.resolve("vllm.platforms.interface.Platform").members
+
+
+STAR_EXPORTS = {
+    "vllm/__init__.py": "",
+    "vllm/distributed/__init__.py": """
+        from .listed import *
+        from .plain import *
+    """,
+    "vllm/distributed/listed.py": """
+        __all__ = ["exported"]
+        def exported(): ...
+        def unlisted(): ...
+    """,
+    "vllm/distributed/plain.py": """
+        from .deeper import *
+        def get_world_size(group=None): ...
+        def _private(): ...
+    """,
+    "vllm/distributed/deeper.py": "def deep_helper(x): ...\n",
+}
+
+
+def test_star_imports_export_what_import_star_binds(tmp_path: Path) -> None:
+    """`from .parallel_state import *` is how `vllm.distributed.get_tensor_model_parallel_world_size` exists:
+    the static view follows it as `import *` would (`__all__` when listed, else the public names, transitively)."""
+    root = tmp_path / "star"
+    for rel, text in STAR_EXPORTS.items():
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(textwrap.dedent(text).lstrip("\n"))
+    view = _view(root)
+    assert view.resolve("vllm.distributed.get_world_size").signature == ("group=None",)
+    assert view.resolve("vllm.distributed.exported").where.endswith("listed.py:2")
+    assert view.resolve("vllm.distributed.deep_helper").signature == ("x",)
+    for hidden in ("unlisted", "_private", "nothing"):
+        assert isinstance(view.resolve(f"vllm.distributed.{hidden}"), Missing), hidden
+    assert "*" not in view.resolve("vllm.distributed").members

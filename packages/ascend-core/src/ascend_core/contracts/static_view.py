@@ -16,6 +16,7 @@ from ascend_core.contracts.shapes import Missing, Param, Shape, normalize_litera
 from ascend_core.contracts.source_reader import SourceReader
 
 _MAX_DEPTH = 12
+_STARS = "*"  # the bindings key holding a module's star imports, in order
 _PY_KINDS = ("positional_only", "positional_or_keyword", "var_positional", "keyword_only", "var_keyword")
 
 
@@ -44,7 +45,9 @@ def _collect_bindings(body: list[ast.stmt], into: dict[str, tuple[Any, ...]]) ->
             into[stmt.name] = ("function", stmt)
         elif isinstance(stmt, ast.ImportFrom):
             for alias in stmt.names:
-                if alias.name != "*":
+                if alias.name == "*":  # `from .parallel_state import *`: searched when no own binding matches
+                    into.setdefault(_STARS, ("stars", []))[1].append((stmt.module or "", stmt.level))
+                else:
                     into.setdefault(alias.asname or alias.name, ("import_from", stmt.module or "", alias.name,
                                                                  stmt.level))
         elif isinstance(stmt, ast.Import):
@@ -101,6 +104,14 @@ def _lazy_names(binding: tuple[Any, ...] | None) -> set[str]:
                 elements = part.elts if isinstance(part, ast.Tuple | ast.List | ast.Set) else [part]
                 names.update(e.value for e in elements if isinstance(e, ast.Constant) and isinstance(e.value, str))
     return names
+
+
+def _literal_names(value: Any) -> set[str] | None:
+    """`__all__ = ["a", "b"]` as a set; None when it is not a literal list or tuple of strings."""
+    if not isinstance(value, ast.List | ast.Tuple):
+        return None
+    names = {e.value for e in value.elts if isinstance(e, ast.Constant) and isinstance(e.value, str)}
+    return names if len(names) == len(value.elts) else None
 
 
 def _dotted(expr: ast.expr) -> list[str] | None:
@@ -208,6 +219,23 @@ class StaticView:
         base = base[: len(base) - (level - 1)]
         return ".".join(base + ([target] if target else []))
 
+    def _star_source(self, mod: _Module, name: str, depth: int) -> _Module | None:
+        """The module a star import brings `name` from: the first whose exports (its `__all__` when it lists one
+        literally, else its public names) include it, as `import *` would bind it."""
+        if depth > _MAX_DEPTH or name.startswith("_"):
+            return None
+        for target, level in mod.bindings.get(_STARS, ("stars", []))[1]:
+            source = self._module(self._absolute(mod, target, level))
+            if source is None or source.error:
+                continue
+            listed = source.bindings.get("__all__")
+            exported = _literal_names(listed[1]) if listed and listed[0] == "value" else None
+            if name in source.bindings if exported is None else name in exported:
+                return source
+            if exported is None and self._star_source(source, name, depth + 1) is not None:
+                return source
+        return None
+
     # -- locating ----------------------------------------------------------------------------------------------
     def _locate(self, symbol: str, depth: int = 0) -> _Target | Missing:
         if depth > _MAX_DEPTH:
@@ -233,6 +261,9 @@ class StaticView:
         if binding is None:
             if rest[0] in _lazy_names(mod.bindings.get("__getattr__")):
                 return _Target("dynamic", mod)
+            starred = self._star_source(mod, rest[0], depth)
+            if starred is not None:
+                return self._locate_in(starred, rest, symbol, depth + 1)
             return Missing(symbol, f"{mod.name} has no {rest[0]!r}")
         tail = "".join(f".{r}" for r in rest[1:])
         kind = binding[0]
@@ -344,7 +375,7 @@ class StaticView:
         if found.kind == "dynamic":
             return Shape(symbol, "attribute", where=f"{mod.file} (module __getattr__)", dynamic=True)
         if found.kind == "module":
-            return Shape(symbol, "module", frozenset(mod.bindings), where=mod.file)
+            return Shape(symbol, "module", frozenset(mod.bindings) - {_STARS}, where=mod.file)
         where = f"{mod.file}:{getattr(found.node, 'lineno', 0)}" if found.kind != "value" else mod.file
         if found.kind == "class":
             members = self._class_members(found)
