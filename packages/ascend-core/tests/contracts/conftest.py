@@ -154,6 +154,12 @@ def write_wheel(path: Path, files: dict[str, str]) -> Path:
 
 
 @pytest.fixture
+def make_tree(tmp_path: Path):
+    """`make_tree(name, files)`: a synthetic source tree under tmp_path (a test's own files)."""
+    return lambda name, files: write_tree(tmp_path / name, files)
+
+
+@pytest.fixture
 def old_tree(tmp_path: Path) -> Path:
     return write_tree(tmp_path / "old", OLD)
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import textwrap
 from pathlib import Path
 
 import pytest
@@ -127,13 +126,8 @@ RUNTIME_BOUND = {
 }
 
 
-def test_runtime_bound_names_instances_and_keyword_only_fields(tmp_path: Path) -> None:
-    root = tmp_path / "rt"
-    for rel, text in RUNTIME_BOUND.items():
-        path = root / rel
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(textwrap.dedent(text).lstrip("\n"))
-    view = _view(root)
+def test_runtime_bound_names_instances_and_keyword_only_fields(make_tree) -> None:
+    view = _view(make_tree("rt", RUNTIME_BOUND))
     # `current_platform: Platform` (annotation) and `ModelRegistry = _Registry()` (instance) reach their classes
     assert view.resolve("vllm.platforms.current_platform.set_device").signature == ("device",)
     assert view.resolve("vllm.platforms.ModelRegistry.register_model").signature == ("name", "cls")
@@ -168,15 +162,10 @@ STAR_EXPORTS = {
 }
 
 
-def test_star_imports_export_what_import_star_binds(tmp_path: Path) -> None:
+def test_star_imports_export_what_import_star_binds(make_tree) -> None:
     """`from .parallel_state import *` is how `vllm.distributed.get_tensor_model_parallel_world_size` exists:
     the static view follows it as `import *` would (`__all__` when listed, else the public names, transitively)."""
-    root = tmp_path / "star"
-    for rel, text in STAR_EXPORTS.items():
-        path = root / rel
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(textwrap.dedent(text).lstrip("\n"))
-    view = _view(root)
+    view = _view(make_tree("star", STAR_EXPORTS))
     assert view.resolve("vllm.distributed.get_world_size").signature == ("group=None",)
     assert view.resolve("vllm.distributed.exported").where.endswith("listed.py:2")
     assert view.resolve("vllm.distributed.deep_helper").signature == ("x",)
