@@ -24,6 +24,7 @@ _BASE = {
 
 
 RUNNERS = {"v1": "0", "v2": "1"}
+DEFAULT_CPUS_ENV = "ASCEND_TESTKIT_CPUS"  # the cores of engines that ask for none (a test shard's own core)
 
 
 def default_runner(lane: str) -> str:
@@ -62,7 +63,9 @@ def engine_env(lane: str, cache_root: str | os.PathLike, *, cpus: str | int | No
                extra: Mapping[str, str] | None = None, base: Mapping[str, str] | None = None) -> dict[str, str]:
     """The environment for a host of `lane` ("simulated" or "cpu") with its own vLLM cache under `cache_root`.
 
-    `cpus` pins the engine's OpenMP threads (`VLLM_CPU_OMP_THREADS_BIND`: "0", "1", "0|1" for two ranks).
+    `cpus` pins the engine's OpenMP threads (`VLLM_CPU_OMP_THREADS_BIND`: "0", "1", "0|1" for two ranks); when None,
+    `ASCEND_TESTKIT_CPUS` (if set) does: scripts/test-all runs two test shards side by side, each on its own core,
+    and two unpinned engines would spread their OpenMP threads over both cores and spin against each other.
     `runner` ("v1", "v2"; None: vLLM's default) is the process's model runner, as a user's VLLM_USE_V2_MODEL_RUNNER
     is: the simulated lane prepares Triton for MRV2 (or not, for V1) once, when the process resolves its platform.
     """
@@ -80,6 +83,8 @@ def engine_env(lane: str, cache_root: str | os.PathLike, *, cpus: str | int | No
         if runner not in RUNNERS:
             raise ValueError(f"unknown model runner {runner!r} (known: v1, v2)")
         env["VLLM_USE_V2_MODEL_RUNNER"] = RUNNERS[runner]
+    if cpus is None:
+        cpus = env.get(DEFAULT_CPUS_ENV) or None
     if cpus is not None:
         env["VLLM_CPU_OMP_THREADS_BIND"] = str(cpus)
     env.update(reach_env())
