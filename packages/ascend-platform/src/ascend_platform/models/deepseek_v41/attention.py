@@ -15,9 +15,9 @@ weight mapper loads it. What a layer does depends on the config's topology:
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
-import regex as re
 import torch
 from torch import nn
 from vllm.config import VllmConfig
