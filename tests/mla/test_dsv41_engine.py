@@ -30,7 +30,8 @@ from ascend_testkit.compare import check_logprobs_close
 PROMPT_LENGTHS = (5, 17, 40, 65)  # inside the 16-token window, past it, past window + index_topk (8) x ratio
 MAX_TOKENS = 8
 LOGPROBS = 5
-ENGINE = dict(dtype="float32", max_model_len=256, enforce_eager=True, max_num_seqs=4, seed=0)
+ENGINE = dict(dtype="float32", max_model_len=256, enforce_eager=True, max_num_seqs=4, seed=0,
+              additional_config={"kernel_checks": True})  # every dsv41_*/dsv4_* call validated
 CHUNKED = dict(enable_chunked_prefill=True, max_num_batched_tokens=32)
 RUNS = (("mrv2", "sim_host", {}), ("mrv2_chunked", "sim_host", CHUNKED), ("v1_chunked", "sim_v1_host", CHUNKED))
 
@@ -86,6 +87,7 @@ def test_engine_serves_deepseek_v41_like_the_float64_reference(v41_served, refer
     facts, counts = run["facts"], run["counts"]
     assert facts["model_class"].endswith("AscendDeepseekV41ForCausalLM"), facts
     assert "model_runner_v2" in facts["runner_class"], facts
+    assert facts["kernel_checks"] is True, facts
     # The model side: delayed mHC (the first layer's broadcast rule once per step), the final collapse, V4's MoE
     # with sqrtsoftplus routing, the engram's hash, table lookup and gate, all through the kernel facade.
     for op in ("dsv41_mhc_pre_delayed", "dsv4_mhc_post", "dsv41_hc_collapse", "moe_gating_topk", "fused_moe",
