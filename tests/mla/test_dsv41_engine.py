@@ -142,3 +142,9 @@ def test_start_up_refuses_a_vision_tower_naming_it(sim_host, v41_model, tmp_path
     err = sim_host.start_error(vl, **ENGINE)
     assert err is not None, "the simulated lane started a V4.1 model with a vision tower"
     assert "vision" in err["message"] and "num_hidden_layers=2" in err["message"], err
+
+
+def test_start_up_refuses_tensor_parallel_naming_it(sim_host, v41_model):
+    err = sim_host.start_error(v41_model, **(ENGINE | dict(tensor_parallel_size=2)))
+    assert err is not None, "the simulated lane started a V4.1 model with tensor_parallel_size=2"
+    assert "tensor_parallel_size=2 (only 1)" in err["message"], err
