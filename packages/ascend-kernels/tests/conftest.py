@@ -118,9 +118,10 @@ def dsv4_naive():
 # ------------------------------------------------------------------ DeepSeek V4.1: vLLM's Triton kernels as anchors
 
 
-@pytest.fixture(scope="session")
-def vllm_triton():
-    """`tests/vllm_triton.py` (loaded by path: the tests run with --import-mode=importlib)."""
+def _load_vllm_triton():
+    """`tests/vllm_triton.py` (loaded by path: the tests run with --import-mode=importlib), with Triton's interpreter
+    switched on now: this conftest is imported before any test module, and a test module that imports vLLM imports
+    Triton with it, after which the anchors could only skip."""
     import importlib.util
     from pathlib import Path
 
@@ -128,4 +129,13 @@ def vllm_triton():
                                                   Path(__file__).with_name("vllm_triton.py"))
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
+    module.switch_on()
     return module
+
+
+_VLLM_TRITON = _load_vllm_triton()
+
+
+@pytest.fixture(scope="session")
+def vllm_triton():
+    return _VLLM_TRITON
