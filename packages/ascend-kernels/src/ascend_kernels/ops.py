@@ -2,9 +2,10 @@
 
 `from ascend_kernels import ops`. Each call checks argument metadata (see `ascend_kernels.validation`, switchable)
 and then calls the selected backend (`ascend_kernels.set_backend`). Conventions shared by every op:
-- KV caches are 4-D `[num_blocks, block_size, num_kv_heads, head_size]` per layer, K and V separate, and may be
-  non-contiguous strided views over a shared int8 backing: kernels honour strides. MLA: latent cache
-  `[num_blocks, block_size, 1, kv_lora_rank]` and rope cache `[num_blocks, block_size, 1, rope_dim]`.
+- KV caches are 4-D `[num_blocks, block_size, num_kv_heads, head_size]` per layer, K and V separate. MLA: latent
+  cache `[num_blocks, block_size, 1, kv_lora_rank]` and rope cache `[num_blocks, block_size, 1, rope_dim]`. The
+  allocator hands every served layer dense caches (the device layout torch_npu's kernels take); the reference
+  backend also honours strided views, the NPU backend falls back to it for them and counts it.
 - A slot is `block_id * block_size + offset`; slot -1 marks a padding token and is skipped.
 - A request's `seq_len` counts its whole context including the tokens scheduled now, so its `q_len` queries sit at
   positions `seq_len - q_len ... seq_len - 1`.

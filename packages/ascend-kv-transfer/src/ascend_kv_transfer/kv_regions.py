@@ -5,8 +5,10 @@ backing buffer. What a transfer engine registers is the memory the views cover: 
 merged where they touch or overlap (registering the same memory twice fails or double-counts). Not the whole
 allocation behind them: an allocator may pad its buffers to align them (the Ascend allocator starts each KV buffer
 on a 2 MiB boundary, which the device transports require of a registered base), and the padding is not KV.
-A layer's block must be one dense page (a gap-free byte range, in any internal order), and no two layers of one KV
-cache group may overlap; anything else is rejected with the layer's name. Layers of different groups may share memory:
+A layer's block must be one dense page (a gap-free byte range, in any internal order), or, for a layer the Ascend
+allocator laid out as dense planes (`ascend_core.kv.planes`: K and V, or MLA's latent and rope, each one dense
+cache), one dense page per plane, each plane a region of its own (`layer#part`); no two layers of one KV cache group
+may overlap; anything else is rejected with the layer's name. Layers of different groups may share memory:
 vLLM's hybrid allocator backs one layer of each group with the same tensor and hands each block id to one group at a
 time (DeepSeek V4's compressor states live in the pages of its compressed caches' blocks), so a block id's bytes
 belong to whichever group owns it.
@@ -19,6 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ascend_core.kv.planes import planes_of
 from ascend_kv_transfer.p2p.schema import LayerRegion
 
 
@@ -55,38 +58,45 @@ def describe_kv_caches(kv_caches: Mapping[str, torch.Tensor], num_blocks: int | 
     regions: list[LayerRegion] = []
     extents: dict[int, list[tuple[int, int]]] = {}  # allocation -> (start, end) of each view inside it
     for name, tensor in kv_caches.items():
-        if tensor.dim() < 2:
-            raise KVLayoutError(f"layer {name!r}: expected a [blocks, ...] view, got shape {tuple(tensor.shape)}")
-        extents.setdefault(tensor.untyped_storage().data_ptr(), []).append(_extent(name, tensor))
-        kernel_blocks = tensor.shape[0]
-        ratio = 1
-        if num_blocks:
-            if kernel_blocks % num_blocks:
-                raise KVLayoutError(f"layer {name!r}: {kernel_blocks} kernel blocks is not a multiple of "
-                                    f"{num_blocks} blocks")
-            ratio = kernel_blocks // num_blocks
-        page = tensor[0]
-        if not _dense(page):
-            raise KVLayoutError(f"layer {name!r}: a block's page is not one dense range of bytes (shape "
-                                f"{tuple(tensor.shape)}, strides {tensor.stride()}); use a block-major layer layout "
-                                "such as LBHNC")
-        kernel_page = page.nbytes
-        kernel_stride = tensor.stride(0) * tensor.element_size()
-        if kernel_stride < kernel_page:
-            raise KVLayoutError(f"layer {name!r}: block stride {kernel_stride} B is smaller than its page "
-                                f"{kernel_page} B (pages overlap)")
-        if ratio > 1 and kernel_stride != kernel_page:
-            raise KVLayoutError(f"layer {name!r}: {ratio} kernel blocks per block but kernel pages are not back to "
-                                f"back (stride {kernel_stride} B, page {kernel_page} B)")
-        regions.append(LayerRegion(name=name, base_addr=tensor.data_ptr(), block_stride=kernel_stride * ratio,
-                                   page_bytes=kernel_page * ratio, num_blocks=kernel_blocks // ratio,
-                                   group=(groups or {}).get(name, 0)))
+        planes = planes_of(name, tensor)
+        parts = [(name, tensor)] if planes is None else [(f"{name}#{part}", plane) for part, plane in planes]
+        group = (groups or {}).get(name, 0)
+        for region_name, view in parts:
+            extents.setdefault(view.untyped_storage().data_ptr(), []).append(_extent(region_name, view))
+            regions.append(_region(region_name, name, view, num_blocks, group))
     by_group: dict[int, list[LayerRegion]] = {}
     for region in regions:
         by_group.setdefault(region.group, []).append(region)
     for members in by_group.values():
         _check_no_overlap(members)
     return KVRegions(regions, [s for spans in extents.values() for s in _merge(spans)])
+
+
+def _region(name: str, layer: str, tensor: torch.Tensor, num_blocks: int | None, group: int) -> LayerRegion:
+    if tensor.dim() < 2:
+        raise KVLayoutError(f"layer {name!r}: expected a [blocks, ...] view, got shape {tuple(tensor.shape)}")
+    kernel_blocks = tensor.shape[0]
+    ratio = 1
+    if num_blocks:
+        if kernel_blocks % num_blocks:
+            raise KVLayoutError(f"layer {name!r}: {kernel_blocks} kernel blocks is not a multiple of "
+                                f"{num_blocks} blocks")
+        ratio = kernel_blocks // num_blocks
+    page = tensor[0]
+    if not _dense(page):
+        raise KVLayoutError(f"layer {name!r}: a block's page is not one dense range of bytes (shape "
+                            f"{tuple(tensor.shape)}, strides {tensor.stride()}); use a block-major layer layout "
+                            "such as LBHNC")
+    kernel_page = page.nbytes
+    kernel_stride = tensor.stride(0) * tensor.element_size()
+    if kernel_stride < kernel_page:
+        raise KVLayoutError(f"layer {name!r}: block stride {kernel_stride} B is smaller than its page "
+                            f"{kernel_page} B (pages overlap)")
+    if ratio > 1 and kernel_stride != kernel_page:
+        raise KVLayoutError(f"layer {name!r}: {ratio} kernel blocks per block but kernel pages are not back to "
+                            f"back (stride {kernel_stride} B, page {kernel_page} B)")
+    return LayerRegion(name=name, base_addr=tensor.data_ptr(), block_stride=kernel_stride * ratio,
+                       page_bytes=kernel_page * ratio, num_blocks=kernel_blocks // ratio, group=group, layer=layer)
 
 
 def _dense(page: torch.Tensor) -> bool:

@@ -95,22 +95,26 @@ def test_layers_are_bound_to_our_allocator_and_the_impl_writes_there(vllm_config
 
 
 def test_the_layer_tensor_is_what_the_backend_declares(vllm_config):
+    """vLLM plans the pages in a layout the backend supports; the backend's kernels take K and V as dense planes of
+    the layer's planned region (torch_npu's paged caches), and that is the tensor vLLM binds."""
     from vllm.v1.kv_cache_layout import KVCacheLayout
 
     from ascend_platform.attention.backend import AscendAttentionBackend as Backend
 
     layouts = Backend.supported_kv_cache_layouts()
     assert layouts == (KVCacheLayout.LBNHC, KVCacheLayout.LBHNC)
-    layout = KVCacheLayout[vllm_config.cache_config.kv_cache_layout]
-    _, layers, kv_config, _ = _bind(vllm_config)
-    kv_cache = next(iter(layers.values())).kv_cache
-    assert kv_cache.shape == Backend.get_kv_cache_shape(kv_config.num_blocks, 32, 2, 32)
-    # The physical order of the layer's axes is the layout's (strides fall along it; a padded page may widen them).
-    strides = [kv_cache.stride(axis) for axis in layout.layer_view_order]
-    assert strides == sorted(strides, reverse=True) and strides[-1] == 1
-    if layout is KVCacheLayout.LBNHC:
-        assert Backend.get_kv_cache_stride_order() == layout.layer_view_order
-        assert Backend.get_kv_cache_stride_order(include_num_layers_dimension=True) == layout.stride_order
+    runner, layers, kv_config, _ = _bind(vllm_config)
+    for index, (name, layer) in enumerate(layers.items()):
+        kv_cache = layer.kv_cache
+        assert kv_cache.shape == Backend.get_kv_cache_shape(kv_config.num_blocks, 32, 2, 32)
+        assert kv_cache.is_contiguous() and kv_cache.shape[0] == 2  # K plane, then V plane
+        # the planes fill exactly the region vLLM's descriptor planned for the layer
+        (tensor,) = kv_config.kv_cache_tensors  # the current lane: one descriptor for the two layers
+        base = runner.ascend_kv.storages[0].data_ptr
+        assert kv_cache.data_ptr() - base == tensor.offset + index * tensor.layer_stride
+        assert kv_cache.numel() * kv_cache.element_size() == kv_config.num_blocks * tensor.block_stride
+    assert Backend.get_kv_cache_stride_order() == KVCacheLayout.LBNHC.layer_view_order
+    assert Backend.get_kv_cache_stride_order(include_num_layers_dimension=True) == KVCacheLayout.LBNHC.stride_order
 
 
 def test_release_and_reallocation_rebind_the_impl_to_the_new_memory(vllm_config):

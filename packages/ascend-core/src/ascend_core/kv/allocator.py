@@ -8,17 +8,19 @@ within the planner's budget. `storages` lists each real buffer once, 2 MiB align
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import torch
 from vllm.logger import init_logger
 
+from ascend_core.kv import planes as kv_planes
 from ascend_core.kv.errors import KVLayoutError
 from ascend_core.kv.layout import resolve_layout
 from ascend_core.kv.placement import LayerPlacement, layer_specs, private_bytes, private_placements, shared_placements
-from ascend_core.kv.views import LayerKV, build_layer_kv, vllm_layer_view
+from ascend_core.kv.planes import PlaneGeometry, PlaneSplit
+from ascend_core.kv.views import MLAKV, AttentionKV, LayerKV, build_layer_kv, vllm_layer_view
 
 logger = init_logger(__name__)
 
@@ -48,6 +50,8 @@ class KVCacheAllocation:
     layers: dict[str, LayerKV]
     storages: list[RegisteredStorage]
     vllm_views: dict[str, torch.Tensor] = field(repr=False)
+    # layer -> its planes' geometry, for the layers laid out as dense planes (`ascend_core.kv.planes`)
+    planar: dict[str, PlaneGeometry] = field(default_factory=dict, repr=False)
 
     def as_vllm_kv_caches(self) -> dict[str, torch.Tensor]:
         """`layer -> tensor` as vLLM's own `allocate_kv_cache` returns it for the same config (for the forward
@@ -104,12 +108,15 @@ def allocate_kv_caches(
     kv_transfer: bool = False,
     kernel_block_sizes: Sequence[int] | None = None,
     host_device: torch.device | str = "cpu",
+    planes: Mapping[str, PlaneSplit] | None = None,
 ) -> KVCacheAllocation:
     """Allocate `kv_cache_config` (from the installed vLLM's planner) on `device`.
 
     `layout` is the resolved `KVCacheLayout` (or its name); by default the config's, else LBHNC.
     `kernel_block_sizes[g]` splits group g's blocks into kernel blocks, as vLLM's allocator does.
     Host-resident caches (descriptor or spec flag) go to `host_device`.
+    `planes[layer]` lays that layer's pages out as dense planes (the device KV layout the layer's kernel backend
+    declared, `ascend_core.kv.planes`); every other layer keeps vLLM's packed cells.
     """
     if mode not in ("shared", "private"):
         raise ValueError(f"mode must be 'shared' or 'private', got {mode!r}")
@@ -131,16 +138,83 @@ def allocate_kv_caches(
 
     layers: dict[str, LayerKV] = {}
     vllm_views: dict[str, torch.Tensor] = {}
+    planar: dict[str, PlaneGeometry] = {}
+    planes = dict(planes or {})
+    _check_planar_regions(placements, planes)
     for p in placements:
         byte_view = _byte_view(backings[p.backing], p)
-        layers[p.layer] = build_layer_kv(byte_view, p.spec, p.layer)
-        vllm_views[p.layer] = vllm_layer_view(byte_view, p.spec)
+        if p.layer in planes:
+            layers[p.layer], vllm_views[p.layer], planar[p.layer] = _planar(byte_view, p, planes[p.layer])
+        else:
+            layers[p.layer] = build_layer_kv(byte_view, p.spec, p.layer)
+            vllm_views[p.layer] = vllm_layer_view(byte_view, p.spec)
+    kv_planes.publish({name: (vllm_views[name].data_ptr(), geometry) for name, geometry in planar.items()})
 
     storages = [RegisteredStorage(buf.data_ptr(), buf.numel(), tuple(members[key]), buf.device, buf)
                 for key, buf in backings.items()]
     logger.debug("allocated KV cache (%s, layout %s): %d layers in %d buffer(s), %d bytes", mode, resolved.name,
                  len(layers), len(storages), sum(s.nbytes for s in storages))
-    return KVCacheAllocation(kv_cache_config.num_blocks, mode, layers, storages, vllm_views)
+    return KVCacheAllocation(kv_cache_config.num_blocks, mode, layers, storages, vllm_views, planar)
+
+
+def _plane_sizes(p: LayerPlacement, split: PlaneSplit) -> tuple[int, int]:
+    """(bytes of every plane together, element size) of a planar layer, checked against its planned cells."""
+    blocks, heads, states, content = p.shape
+    size = p.spec.dtype.itemsize
+    if sum(split.widths) * size != content:
+        raise KVLayoutError(f"layer {p.layer!r}: planes {dict(zip(split.names, split.widths, strict=True))} of "
+                            f"{p.spec.dtype} take {sum(split.widths) * size} bytes per state and head, its planned "
+                            f"cells {content}")
+    dense_page = heads * states * content
+    if blocks > 1 and p.strides[0] < dense_page:
+        raise KVLayoutError(f"layer {p.layer!r}: block stride {p.strides[0]} B is smaller than its page "
+                            f"({dense_page} B), so its pages cannot be re-laid as planes")
+    return blocks * dense_page, size
+
+
+def _check_planar_regions(placements: Sequence[LayerPlacement], planes: Mapping[str, PlaneSplit]) -> None:
+    """A planar layer spreads block `b` over every plane of its region, so no layer of another geometry may share
+    those bytes (vLLM overlays one layer of each KV cache group on the same pages and hands each block id to one
+    group; with planes that holds only among layers of the same geometry) and its region must hold its pages only
+    (layer-major layouts; block-major ones interleave other layers' pages)."""
+    spans = []
+    for p in placements:
+        if p.layer in planes:
+            nbytes, _ = _plane_sizes(p, planes[p.layer])
+            key = (p.shape, p.spec.dtype, planes[p.layer])
+            spans.append((p.backing, p.offset, p.offset + nbytes, key, p.layer))
+        else:
+            spans.append((p.backing, p.offset, p.end, None, p.layer))
+    by_backing: dict[tuple, list[tuple]] = {}
+    for span in spans:
+        by_backing.setdefault(span[0], []).append(span)
+    for members in by_backing.values():
+        members.sort(key=lambda s: (s[1], s[2]))
+        for i, (_, start, end, key, layer) in enumerate(members):
+            for _, other_start, _other_end, other_key, other in members[i + 1:]:
+                if other_start >= end:
+                    break
+                same_region = key is not None and other_key == key and other_start == start
+                if (key is not None or other_key is not None) and not same_region:
+                    raise KVLayoutError(f"layers {layer!r} and {other!r} share KV memory, and "
+                                        f"{layer if key is not None else other!r} is laid out as dense planes: "
+                                        "only layers of one geometry, overlaid from one start, may share planar "
+                                        "memory (use a layer-major KV layout such as LBNHC)")
+
+
+def _planar(byte_view: torch.Tensor, p: LayerPlacement, split: PlaneSplit
+            ) -> tuple[LayerKV, torch.Tensor, PlaneGeometry]:
+    blocks, heads, states, content = p.shape
+    nbytes, size = _plane_sizes(p, split)
+    region = torch.as_strided(byte_view, (nbytes,), (1,)).view(p.spec.dtype)
+    geometry = kv_planes.plane_geometry(split, blocks, states, heads, p.spec.dtype)
+    parts = kv_planes.cut_planes(region, geometry)
+    bound = kv_planes.bound_view(region, geometry, (blocks, heads, states, content // size))
+    if split.names == ("latent", "rope"):
+        return MLAKV(*parts), bound, geometry
+    if split.names == ("key", "value"):
+        return AttentionKV(*parts), bound, geometry
+    raise KVLayoutError(f"layer {p.layer!r}: no KV views for planes {split.names}")
 
 
 def _byte_view(backing: torch.Tensor, p: LayerPlacement) -> torch.Tensor:

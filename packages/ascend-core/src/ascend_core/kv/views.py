@@ -3,7 +3,9 @@
 A page cell (one head, one stored state) holds `C` bytes. Plain attention packs K then V there (as vLLM does);
 MLA packs latent, rope, then scales; the indexer packs its key then scales; Mamba packs its states one after the
 other in a single cell per block; DeepSeek V4's fp8_ds_mla rows are packed cells its kernels decode themselves.
-Every view here is a strided view of the same bytes, never a copy.
+Every view here is a strided view of the same bytes, never a copy. Layers whose backend declares the device layout
+are not cut from cells: the allocator lays them out as dense planes (`ascend_core.kv.planes`), and
+`attention_kv_of` / `mla_kv_of` take the planes from the tensor vLLM binds to such a layer.
 """
 
 from __future__ import annotations
@@ -128,9 +130,17 @@ def build_layer_kv(byte_view: torch.Tensor, spec: Any, layer: str) -> LayerKV:
 
 
 def attention_kv_of(kv_cache: torch.Tensor, head_size: int) -> AttentionKV:
-    """The K and V views of the KV tensor vLLM hands a standard attention layer (`[num_blocks, num_kv_heads,
-    block_size, C]` in the cache dtype, any stride order: our allocator's view of the layer's pages), the same views
-    `build_layer_kv` cuts: each state holds `head_size` key elements, then the value."""
+    """The K and V views of the KV tensor vLLM hands a standard attention layer.
+
+    Our allocator binds planar layers (`ascend_core.kv.planes`) as `[2, num_blocks, block_size, num_kv_heads,
+    head_size]`: K and V are each one dense cache, what torch_npu's kernels take. A packed tensor
+    (`[num_blocks, num_kv_heads, block_size, C]`, any stride order: each state holds `head_size` key elements, then
+    the value) is cut into strided K and V views, as `build_layer_kv` cuts them."""
+    if kv_cache.dim() == 5:
+        if kv_cache.shape[0] != 2 or kv_cache.shape[-1] != head_size:
+            raise KVLayoutError(f"planar attention KV tensor of shape {tuple(kv_cache.shape)}: expected "
+                                f"[2, num_blocks, block_size, num_kv_heads, {head_size}]")
+        return AttentionKV(kv_cache[0], kv_cache[1])
     if kv_cache.dim() != 4 or not 0 < head_size < kv_cache.shape[-1]:
         raise KVLayoutError(f"attention KV tensor of shape {tuple(kv_cache.shape)} cannot hold a key of {head_size} "
                             f"elements and a value per state ([num_blocks, num_kv_heads, block_size, C] expected)")
@@ -138,17 +148,27 @@ def attention_kv_of(kv_cache: torch.Tensor, head_size: int) -> AttentionKV:
 
 
 def mla_kv_of(kv_cache: torch.Tensor, kv_lora_rank: int) -> MLAKV:
-    """The latent and rope views of the KV tensor vLLM hands an MLA layer (`[num_blocks, block_size, C]`, or the
-    allocator's `[num_blocks, 1, block_size, C]`), the same views `build_layer_kv` cuts for an MLA spec: each state
-    holds `kv_lora_rank` latent elements, then the rotary part."""
+    """The latent and rope caches in the planar KV tensor our allocator binds to an MLA layer.
+
+    The tensor (`[num_blocks, block_size, C]`, or the allocator's `[num_blocks, 1, block_size, C]`, dense) is the
+    layer's region: the latent plane (`num_blocks * block_size * kv_lora_rank` elements), then the rope plane, each
+    one dense `[num_blocks, block_size, 1, dim]` cache (`ascend_core.kv.planes`), what torch_npu's MLA kernels take."""
     if kv_cache.dim() == 4:
         if kv_cache.shape[1] != 1:
             raise KVLayoutError(f"an MLA KV tensor has one head, got shape {tuple(kv_cache.shape)}")
         kv_cache = kv_cache[:, 0]
-    if kv_cache.dim() != 3 or not 0 < kv_lora_rank <= kv_cache.shape[-1]:
+    if kv_cache.dim() != 3 or not 0 < kv_lora_rank < kv_cache.shape[-1]:
         raise KVLayoutError(f"MLA KV tensor of shape {tuple(kv_cache.shape)} cannot hold a latent of "
-                            f"{kv_lora_rank} elements per state")
-    return MLAKV(kv_cache[..., :kv_lora_rank].unsqueeze(2), kv_cache[..., kv_lora_rank:].unsqueeze(2))
+                            f"{kv_lora_rank} elements and a rope part per state")
+    if not kv_cache.is_contiguous():
+        raise KVLayoutError(f"MLA KV tensor of shape {tuple(kv_cache.shape)} and strides {kv_cache.stride()} is not "
+                            f"the dense planar region the Ascend allocator binds")
+    blocks, block_size, cell = kv_cache.shape
+    latent_elems = blocks * block_size * kv_lora_rank
+    flat = kv_cache.reshape(-1)
+    latent = flat[:latent_elems].view(blocks, block_size, 1, kv_lora_rank)
+    rope = flat[latent_elems:].view(blocks, block_size, 1, cell - kv_lora_rank)
+    return MLAKV(latent, rope)
 
 
 def vllm_layer_view(byte_view: torch.Tensor, spec: Any) -> torch.Tensor:

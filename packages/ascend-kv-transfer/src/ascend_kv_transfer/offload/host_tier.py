@@ -18,10 +18,12 @@ from ascend_kv_transfer.kv_regions import KVRegions, describe_kv_caches
 from ascend_kv_transfer.p2p.plan import coalesce_runs
 
 
-def block_byte_view(tensor: torch.Tensor, block_stride: int, page_bytes: int, num_blocks: int) -> torch.Tensor:
-    """A uint8 `[num_blocks, page_bytes]` view sharing `tensor`'s memory."""
+def block_byte_view(tensor: torch.Tensor, block_stride: int, page_bytes: int, num_blocks: int,
+                    base_addr: int | None = None) -> torch.Tensor:
+    """A uint8 `[num_blocks, page_bytes]` view sharing `tensor`'s memory, from `base_addr` (default: the tensor's
+    first byte; a plane region of a planar layer starts inside it)."""
     storage = tensor.untyped_storage()
-    offset = tensor.data_ptr() - storage.data_ptr()
+    offset = (tensor.data_ptr() if base_addr is None else base_addr) - storage.data_ptr()
     view = torch.empty(0, dtype=torch.uint8, device=tensor.device)
     view.set_(storage, offset, (num_blocks, page_bytes), (block_stride, 1))
     return view
@@ -75,8 +77,8 @@ class HostTier:
         return bool(self.device_views)
 
     def _bind(self, kv_caches: Mapping[str, torch.Tensor], regions: KVRegions) -> None:
-        self.device_views = [block_byte_view(kv_caches[r.name], r.block_stride, r.page_bytes, r.num_blocks)
-                             for r in regions.regions]
+        self.device_views = [block_byte_view(kv_caches[r.owner], r.block_stride, r.page_bytes, r.num_blocks,
+                                             r.base_addr) for r in regions.regions]
         # Per layer: (device base address, block stride, host base address, page bytes) when both sides are host
         # memory, so a run's pieces are plain address arithmetic; None when torch must copy (device memory).
         self._addresses = [

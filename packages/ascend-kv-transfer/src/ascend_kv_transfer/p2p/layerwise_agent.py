@@ -42,7 +42,7 @@ class PushState:
     dest: schema.AgentMetadata | None = None
     dest_blocks: list[list[int]] = field(default_factory=list)
     first_block: int = 0
-    pairs: dict[str, tuple[LayerRegion, LayerRegion]] = field(default_factory=dict)
+    pairs: dict[str, list[tuple[LayerRegion, LayerRegion]]] = field(default_factory=dict)  # by layer
     src_blocks: list[list[int]] = field(default_factory=list)
     missed: bool = False
     finished: bool = False
@@ -115,7 +115,9 @@ class LayerwiseAgent(MooncakeAgent):
             peer = f"{message.metadata.engine_id}@{message.metadata.host}:{message.metadata.rpc_port}"
             check_geometry(self.geometry, message.metadata.geometry, peer)
             assert self.kv is not None
-            pairs = {mine.name: (mine, theirs) for mine, theirs in match_regions(self.kv.regions, message.metadata)}
+            pairs: dict[str, list] = {}
+            for mine, theirs in match_regions(self.kv.regions, message.metadata):  # a layer's planes together
+                pairs.setdefault(mine.owner, []).append((mine, theirs))
             st = self._push_state(message.transfer_id)
             with st.lock:
                 st.dest, st.dest_blocks, st.first_block, st.pairs = (message.metadata, message.block_ids,
@@ -168,7 +170,7 @@ class LayerwiseAgent(MooncakeAgent):
                 return
             if st.state != TransferState.PENDING or layer not in st.pairs:
                 return
-            entries = self._entries(st, [st.pairs[layer]], lo, hi)
+            entries = self._entries(st, st.pairs[layer], lo, hi)
             if len(entries):
                 self._queue(st, entries, written, bulk=False)
 
@@ -190,7 +192,7 @@ class LayerwiseAgent(MooncakeAgent):
         outputs reached the scheduler before the request could finish), so the pages are written."""
         st.missed = False
         last = max((len(ids) for ids in st.src_blocks), default=0) - 1
-        entries = self._entries(st, list(st.pairs.values()), 0, last)
+        entries = self._entries(st, [pr for prs in st.pairs.values() for pr in prs], 0, last)
         if len(entries):
             self._queue(st, entries, WRITTEN, bulk=True)
         else:

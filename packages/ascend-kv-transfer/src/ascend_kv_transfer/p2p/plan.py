@@ -57,7 +57,7 @@ def build_entries(pairs: Sequence[tuple[LayerRegion, LayerRegion]], runs: Sequen
         dense = mine.block_stride == mine.page_bytes and theirs.block_stride == theirs.page_bytes
         moved = sum(run.length for run in runs) * mine.page_bytes
         if moved:
-            entries.layer_bytes[mine.name] = entries.layer_bytes.get(mine.name, 0) + moved
+            entries.layer_bytes[mine.owner] = entries.layer_bytes.get(mine.owner, 0) + moved
         for run in runs:
             if run.local_start + run.length > mine.num_blocks or run.remote_start + run.length > theirs.num_blocks:
                 raise ValueError(f"block run {run} outside layer {mine.name!r} "

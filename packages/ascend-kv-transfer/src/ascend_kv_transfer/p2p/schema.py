@@ -28,6 +28,13 @@ class LayerRegion(msgspec.Struct, frozen=True):
     num_blocks: int
     # Index of the KV cache group whose block ids address this layer.
     group: int = 0
+    # The layer this region belongs to: `name` itself, or the layer of a plane region (`layer#part`).
+    layer: str = ""
+
+    @property
+    def owner(self) -> str:
+        """The layer whose KV this region holds."""
+        return self.layer or self.name
 
 
 class KVGeometry(msgspec.Struct, frozen=True):

@@ -39,11 +39,13 @@ class BlockLayout:
     """Per KV cache group: the coalesced segments of one block, and the object size."""
 
     def __init__(self, regions: Sequence[LayerRegion], layer_order: Mapping[int, Sequence[str]]):
-        by_name = {r.name: r for r in regions}
+        by_layer: dict[str, list[LayerRegion]] = {}
+        for r in regions:  # a planar layer has a region per plane, in plane order
+            by_layer.setdefault(r.owner, []).append(r)
         self.segments: dict[int, list[Segment]] = {}
         self.num_blocks: dict[int, int] = {}
         for group, names in sorted(layer_order.items()):
-            ordered = [by_name[n] for n in names if n in by_name]
+            ordered = [r for n in names for r in by_layer.get(n, ())]
             if not ordered:
                 raise ValueError(f"KV cache group {group} has no KV memory on this worker (layers {list(names)[:4]})")
             self.segments[group] = coalesce(ordered)

@@ -3,10 +3,11 @@
 vLLM's attention layer calls `do_kv_cache_update` (write this step's keys and values into the paged cache) and then
 `forward` (paged attention over each request's context), handing both the layer's `kv_cache`: the tensor vLLM bound
 to the layer, which our allocator built (`ascend_core.kv.allocate_kv_caches`). The backend declares that tensor:
-`[num_blocks, num_kv_heads, block_size, 2 * head_size]` (per state the key, then the value), laid out block by block
-with a block's states outermost (`supported_kv_cache_layouts`: LBNHC, or LBHNC when a KV connector asks for it; on a
-release without layouts, the same as `get_kv_cache_shape` / `get_kv_cache_stride_order`). The impl cuts its key and
-value views from it at each call (`ascend_core.kv.views.attention_kv_of`) and holds no KV memory of its own, so after
+vLLM plans each layer's pages in a layer-major layout (`supported_kv_cache_layouts`: LBNHC, or LBHNC when a KV connector
+asks for it), and the backend declares the device layout its kernels take (`kv_cache_planes`: torch_npu's paged
+caches are dense), so the allocator lays the layer's planned region out as a K plane then a V plane and binds
+`[2, num_blocks, block_size, num_kv_heads, head_size]` (`get_kv_cache_shape`). The impl takes its key and value
+caches from it at each call (`ascend_core.kv.views.attention_kv_of`) and holds no KV memory of its own, so after
 sleep and wake-up it reads the re-allocated tensor vLLM re-bound to the layer.
 
 The metadata builder turns the step's lengths into host lists once per step (`query_start_loc_host`,
@@ -86,15 +87,24 @@ class AscendAttentionBackend(AttentionBackend):
 
         return kv_cache_layouts(KV_CACHE_LAYOUTS)
 
+    @classmethod
+    def kv_cache_planes(cls, spec: Any) -> Any:
+        """The device KV layout this backend's kernels take (torch_npu's paged caches): K and V as dense planes."""
+        from ascend_core.kv.planes import attention_planes
+
+        return attention_planes(spec)
+
     @staticmethod
     def get_kv_cache_shape(num_blocks: int, block_size: int, num_kv_heads: int, head_size: int,
                            cache_dtype_str: str = "auto") -> tuple[int, ...]:
-        """The logical shape of a layer's KV tensor: each state packs its key, then its value."""
-        return (num_blocks, num_kv_heads, block_size, 2 * head_size)
+        """The shape of the tensor bound to a layer: its K plane, then its V plane, each a dense
+        `[num_blocks, block_size, num_kv_heads, head_size]` cache (`kv_cache_planes`)."""
+        return (2, num_blocks, block_size, num_kv_heads, head_size)
 
     @staticmethod
     def get_kv_cache_stride_order(include_num_layers_dimension: bool = False) -> tuple[int, ...]:
-        """Physical order of the logical axes (LBNHC, the preferred layout): block, state, head, content."""
+        """The order vLLM plans a layer's pages in (LBNHC, the preferred layout: block, state, head, content); the
+        allocator then lays each planned layer region out as the K and V planes of `get_kv_cache_shape`."""
         return (0, 1, 3, 2, 4) if include_num_layers_dimension else (0, 2, 1, 3)
 
 

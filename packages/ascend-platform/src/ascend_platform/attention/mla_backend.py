@@ -3,8 +3,9 @@
 vLLM's `MLAAttention` layer orchestrates the step: it writes each new token's latent (`kv_lora_rank` elements) and
 rotary key (`qk_rope_head_dim`) into the cache through `do_kv_cache_update`, sends decode tokens to `forward_mqa`
 (queries with W_UK absorbed, attention over the latent cache, W_UV applied by the layer) and prefill tokens to
-`forward_mha`. The cache is the KV tensor vLLM hands the layer, viewed as our allocator views an MLA spec
-(`ascend_core.kv.views.mla_kv_of`): per state the latent, then the rope part; nothing else is stored.
+`forward_mha`. The cache is the KV tensor vLLM hands the layer: the backend declares the device layout torch_npu's
+MLA kernels take (`kv_cache_planes`), so our allocator lays the layer's region out as a dense latent cache followed by
+a dense rope cache (`ascend_core.kv.planes`), which `ascend_core.kv.views.mla_kv_of` cuts; nothing else is stored.
 
 Prefill runs in one pass per step, chunked prefill included: when any prefill request continues a context, each
 prefill request's whole latent sequence is gathered from the cache (its new tokens were just written there),
@@ -72,6 +73,14 @@ class AscendMLABackend(AttentionBackend):
     @classmethod
     def is_mla(cls) -> bool:
         return True
+
+    @classmethod
+    def kv_cache_planes(cls, spec: Any) -> Any:
+        """The device KV layout torch_npu's MLA kernels take: the latent and the rope part as dense planes."""
+        from ascend_core.kv.planes import mla_planes
+        from ascend_core.kv.views import DEFAULT_MLA_ROPE_DIM
+
+        return mla_planes(spec, getattr(spec, "rope_head_dim", 0) or _rope_dim_of_model(DEFAULT_MLA_ROPE_DIM))
 
     @classmethod
     def customize_spec(cls, spec: Any) -> Any:

@@ -50,20 +50,39 @@ def _check_kernel_blocks(kv_cache_config: Any, kernel_block_sizes: list[int] | N
                                  f"{kernel_block_sizes[gid]} for block size {want}")
 
 
+def declared_planes(kv_cache_config: Any, forward_context: Mapping[str, Any]) -> dict[str, Any]:
+    """`layer -> PlaneSplit` for every layer whose attention backend declares the device KV layout its kernels take
+    (`kv_cache_planes(spec)`: dense K/V or latent/rope planes); the allocator lays those layers out so."""
+    from ascend_core.kv.placement import layer_specs
+
+    out = {}
+    for name, (_, spec) in layer_specs(kv_cache_config.kv_cache_groups).items():
+        layer = forward_context.get(name)
+        backend = layer.get_attn_backend() if hasattr(layer, "get_attn_backend") else None
+        declare = getattr(backend, "kv_cache_planes", None)
+        if declare is not None:
+            out[name] = declare(spec)
+    return out
+
+
 def allocate(kv_cache_config: Any, vllm_config: Any, device: torch.device, kernel_block_sizes: list[int] | None,
-             allocation_context: AbstractContextManager | None = None) -> Any:
-    """Our allocator's `KVCacheAllocation` for `kv_cache_config`, in the layout vLLM resolved from the backends'."""
+             allocation_context: AbstractContextManager | None = None,
+             forward_context: Mapping[str, Any] | None = None) -> Any:
+    """Our allocator's `KVCacheAllocation` for `kv_cache_config`, in the layout vLLM resolved from the backends',
+    each layer's pages as its backend's kernels take them (`declared_planes`)."""
     _check_kernel_blocks(kv_cache_config, kernel_block_sizes)
     mode = kv_mode_for(vllm_config)
     kv_transfer = vllm_config.kv_transfer_config is not None
     layout = resolved_kv_cache_layout(vllm_config.cache_config)
+    planes = declared_planes(kv_cache_config, forward_context or {})
     with allocation_context or nullcontext():
         allocation = kv_allocator()(kv_cache_config, device=device, layout=layout, mode=mode,
-                                    kv_transfer=kv_transfer, kernel_block_sizes=kernel_block_sizes)
+                                    kv_transfer=kv_transfer, kernel_block_sizes=kernel_block_sizes, planes=planes)
     usage.count(f"allocator.{mode}")
     usage.note("allocator", f"{kv_allocator().__module__}.{kv_allocator().__name__}")
     usage.note("kv_mode", mode)
     usage.note("kv_cache_layout", getattr(layout, "name", str(layout)))
+    usage.note("kv_planar_layers", len(planes))
     return allocation
 
 
@@ -98,7 +117,11 @@ def count_ascend_layers_on(allocation: Any, forward_context: Mapping[str, Any]) 
 
 
 def detach_layer_kv(forward_context: Mapping[str, Any]) -> None:
-    """Drop every layer's reference to the KV memory about to be freed (the runner drops its own)."""
+    """Drop every layer's reference to the KV memory about to be freed (the runner drops its own), and the
+    published plane table that describes it."""
+    from ascend_core.kv import planes
+
+    planes.publish({})
     for layer in forward_context.values():
         if isinstance(getattr(layer, "kv_cache", None), torch.Tensor):
             layer.kv_cache = torch.tensor([])

@@ -28,11 +28,11 @@ class AscendRunnerV1Mixin:
                                     kv_cache_allocation_context: AbstractContextManager | None = None,
                                     ) -> dict[str, torch.Tensor]:
         usage.note("runner", "v1")
+        forward_context = self.compilation_config.static_forward_context
         self.ascend_kv = kv_binding.allocate(kv_cache_config, self.vllm_config, self.device, kernel_block_sizes,
-                                             kv_cache_allocation_context)
+                                             kv_cache_allocation_context, forward_context)
         shared = dict(self.shared_kv_cache_layers)
         kv_caches = kv_binding.vllm_views(self.ascend_kv, shared)
-        forward_context = self.compilation_config.static_forward_context
         bind_kv_cache(kv_caches, forward_context, self.kv_caches,
                       kv_binding.attention_modules_per_layer(self.model_config),
                       **bind_kv_cache_kwargs(kv_cache_config.kv_cache_groups))

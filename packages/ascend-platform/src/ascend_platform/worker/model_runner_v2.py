@@ -64,7 +64,7 @@ class AscendRunnerV2Mixin:
         if vllm_config.attention_config.hisparse_config is not None:
             raise NotImplementedError("HiSparse KV caches are not supported by the Ascend runner")
         self.ascend_kv = kv_binding.allocate(kv_cache_config, vllm_config, device, kernel_block_sizes,
-                                             kv_cache_allocation_context)
+                                             kv_cache_allocation_context, forward_context)
         self._ascend_kernel_block_sizes = list(kernel_block_sizes)
         return self._bind(forward_context, kv_cache_config, vllm_config)
 
@@ -86,7 +86,7 @@ class AscendRunnerV2Mixin:
     def reallocate_kv_cache(self) -> None:
         forward_context = self.compilation_config.static_forward_context
         self.ascend_kv = kv_binding.allocate(self.kv_cache_config, self.vllm_config, self.device,
-                                             self._ascend_kernel_block_sizes)
+                                             self._ascend_kernel_block_sizes, forward_context=forward_context)
         kv_caches = self._bind(forward_context, self.kv_cache_config, self.vllm_config)
         self.kv_caches = [c for c in kv_caches.values() if c.device == self.device]
         kv_binding.connector_register_kv(kv_caches)

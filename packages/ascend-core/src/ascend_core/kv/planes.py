@@ -1,0 +1,142 @@
+"""The device KV layout: a layer's pages stored as dense planes, one per part of its state cell.
+
+torch_npu's paged kernels take dense caches only (its docs: paged key/value caches "do not support non-contiguous
+tensors"): K and V each one contiguous `[num_blocks, block_size, num_kv_heads, head_size]` tensor, and MLA's latent
+and rope each one contiguous `[num_blocks, block_size, 1, dim]` tensor, as vllm-ascend allocates them. vLLM plans a
+layer's pages as cells that pack the parts (K then V; latent then rope), so the layer's bytes are laid out here as
+planes instead: the layer's region (the `num_blocks` pages vLLM planned for it, back to back) holds plane 0 for every
+block, then plane 1 for every block, and so on. The byte count per layer and the block count are vLLM's.
+
+Block `b` of a planar layer is then not one byte range but one range per plane (`plane_base + b * plane_page`), so
+code that moves pages (KV connectors) asks `planes_of` how a layer's tensor splits; a layer that is not planar here
+(e.g. on plain vLLM) is one page per block, as before. The table below is the latest allocation's, published by the
+allocator and holding no memory (addresses and shapes only, so freeing the KV cache frees it).
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+
+import torch
+
+from ascend_core.kv.errors import KVLayoutError
+
+
+@dataclass(frozen=True)
+class PlaneSplit:
+    """How a layer's state cell splits into planes: each part's name and width in elements (per state and head)."""
+
+    names: tuple[str, ...]
+    widths: tuple[int, ...]
+
+    def __post_init__(self):
+        if len(self.names) != len(self.widths) or not self.names or min(self.widths) <= 0:
+            raise ValueError(f"a plane split needs one positive width per part, got {self.names} {self.widths}")
+
+
+@dataclass(frozen=True)
+class PlaneGeometry:
+    """One planar layer: plane `i` is the contiguous `shapes[i]` tensor at element `offsets[i]` of the region."""
+
+    split: PlaneSplit
+    shapes: tuple[tuple[int, ...], ...]
+    offsets: tuple[int, ...]
+    dtype: torch.dtype
+
+    @property
+    def elements(self) -> int:
+        return self.offsets[-1] + _numel(self.shapes[-1])
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+def plane_geometry(split: PlaneSplit, num_blocks: int, block_size: int, num_heads: int,
+                   dtype: torch.dtype) -> PlaneGeometry:
+    shapes, offsets, at = [], [], 0
+    for width in split.widths:
+        shape = (num_blocks, block_size, num_heads, width)
+        shapes.append(shape)
+        offsets.append(at)
+        at += _numel(shape)
+    return PlaneGeometry(split, tuple(shapes), tuple(offsets), dtype)
+
+
+def cut_planes(region: torch.Tensor, geometry: PlaneGeometry) -> tuple[torch.Tensor, ...]:
+    """The planes of a layer from any tensor whose first element is the region's first (same storage)."""
+    flat = region.as_strided((geometry.elements,), (1,)) if region.dtype == geometry.dtype else None
+    if flat is None:
+        raise KVLayoutError(f"planes of dtype {geometry.dtype} cut from a {region.dtype} tensor")
+    return tuple(flat[o:o + _numel(s)].view(s) for s, o in zip(geometry.shapes, geometry.offsets, strict=True))
+
+
+def bound_view(region: torch.Tensor, geometry: PlaneGeometry, cell_view_shape: tuple[int, ...]) -> torch.Tensor:
+    """The one tensor vLLM binds to a planar layer: planes of equal width stacked (`[planes, num_blocks,
+    block_size, heads, width]`, vLLM's own K/V-first shape); otherwise the region as the dense cell-shaped tensor
+    vLLM's layer expects (`cell_view_shape`), whose contents are the planes (see `planes_of`)."""
+    flat = region.as_strided((geometry.elements,), (1,))
+    widths = set(geometry.split.widths)
+    if len(widths) == 1:
+        return flat.view(len(geometry.shapes), *geometry.shapes[0])
+    return flat.view(cell_view_shape)
+
+
+class _Table:
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.layers: dict[str, tuple[int, PlaneGeometry]] = {}
+
+
+_TABLE = _Table()
+
+
+def publish(layers: dict[str, tuple[int, PlaneGeometry]]) -> None:
+    """Record the latest allocation's planar layers (`layer -> (region address, geometry)`), replacing the last."""
+    with _TABLE.lock:
+        _TABLE.layers = dict(layers)
+
+
+def planes_of(layer: str, tensor: torch.Tensor) -> tuple[tuple[str, torch.Tensor], ...] | None:
+    """`((part name, plane tensor), ...)` when `tensor` is the planar KV of `layer` in this process's latest
+    allocation, None when the layer is not planar here. A layer that shares another's KV (vLLM's KV sharing binds
+    the target's tensor to it) is found by the tensor's address. A tensor at another address than the one published
+    for the layer (a stale table, a copy) is an error: moving its pages as one range per block would move wrong
+    bytes."""
+    with _TABLE.lock:
+        entry = _TABLE.layers.get(layer)
+        if entry is None:
+            entry = next((e for e in _TABLE.layers.values() if e[0] == tensor.data_ptr()), None)
+    if entry is None:
+        return None
+    address, geometry = entry
+    if tensor.data_ptr() != address or tensor.numel() < geometry.elements:
+        raise KVLayoutError(f"layer {layer!r}: its KV tensor (address {tensor.data_ptr():#x}, {tensor.numel()} "
+                            f"elements) is not the planar region the allocator published (address {address:#x}, "
+                            f"{geometry.elements} elements)")
+    return tuple(zip(geometry.split.names, cut_planes(tensor, geometry), strict=True))
+
+
+def attention_planes(spec) -> PlaneSplit:
+    """K then V planes of a standard attention spec (per state `head_size` key elements, then the value)."""
+    from ascend_core.upstream.kv_page import kv_spec_page_shape
+
+    _, _, content = kv_spec_page_shape(spec)
+    elements = content // spec.dtype.itemsize
+    if content % spec.dtype.itemsize or elements <= spec.head_size:
+        raise KVLayoutError(f"{type(spec).__name__}: cells of {content} bytes of {spec.dtype} hold no key of "
+                            f"{spec.head_size} elements and a value")
+    return PlaneSplit(("key", "value"), (spec.head_size, elements - spec.head_size))
+
+
+def mla_planes(spec, rope_dim: int) -> PlaneSplit:
+    """Latent then rope planes of an MLA spec (per state `head_size` elements, the last `rope_dim` of them rope)."""
+    scale_dim = getattr(spec, "scale_dim", 0)
+    if scale_dim or not 0 < rope_dim < spec.head_size:
+        raise KVLayoutError(f"{type(spec).__name__}: head_size={spec.head_size}, rope_dim={rope_dim}, "
+                            f"scale_dim={scale_dim}: no latent/rope planes")
+    return PlaneSplit(("latent", "rope"), (spec.head_size - rope_dim, rope_dim))
