@@ -104,7 +104,7 @@ def test_the_layer_tensor_is_what_the_backend_declares(vllm_config):
     layouts = Backend.supported_kv_cache_layouts()
     assert layouts == (KVCacheLayout.LBNHC, KVCacheLayout.LBHNC)
     runner, layers, kv_config, _ = _bind(vllm_config)
-    for index, (name, layer) in enumerate(layers.items()):
+    for index, layer in enumerate(layers.values()):
         kv_cache = layer.kv_cache
         assert kv_cache.shape == Backend.get_kv_cache_shape(kv_config.num_blocks, 32, 2, 32)
         assert kv_cache.is_contiguous() and kv_cache.shape[0] == 2  # K plane, then V plane
