@@ -4,6 +4,9 @@
     ascend-contracts check --baseline OLD --vllm NEW                     what changes in pinned symbols, OLD -> NEW
     ascend-contracts scan [--root DIR] [--json] [--suggest]             exit 1 when a vLLM use has no pin
     ascend-contracts fetch VERSION                                       print the cached wheel's path
+    ascend-contracts check --torch-npu VERSION_OR_WHEEL [--json]         our torch_npu pins and call sites against
+                                                                         that release; exit 1 on a P0/P1
+    ascend-contracts pin-torch-npu [--torch-npu VERSION] [--write]       regenerate the torch_npu pins files
 """
 
 from __future__ import annotations
@@ -54,7 +57,14 @@ def add_check_arguments(parser: argparse.ArgumentParser) -> None:
                              "instead of checking --vllm against the pins")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     parser.add_argument("--pins", metavar="FILE", action="append", default=None,
-                        help="check this pins file only (repeatable; default: every installed ascend package's)")
+                        help="check this pins file only (repeatable; default: every installed ascend package's); "
+                             "with --torch-npu, a torch_npu_pins.toml")
+    parser.add_argument("--torch-npu", metavar="VERSION_OR_WHEEL", default=None,
+                        help="check the torch_npu pins and every torch_npu call site against this torch_npu release "
+                             "(2.14.0, fetched into the wheel cache) or wheel, instead of checking a vLLM")
+    parser.add_argument("--root", metavar="DIR", default=None,
+                        help="with --torch-npu: the workspace whose packages/*/src to scan (default: found from the "
+                             "current folder, else the installed packages)")
 
 
 def add_scan_arguments(parser: argparse.ArgumentParser) -> None:
@@ -67,6 +77,8 @@ def add_scan_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run_check(args: argparse.Namespace) -> int:
+    if getattr(args, "torch_npu", None) is not None:
+        return run_torch_npu_check(args)
     try:
         pins = [p for f in args.pins for p in load_pins(f)] if args.pins else load_all_pins()
         view = open_view(args.vllm)
@@ -129,6 +141,60 @@ def run_scan(args: argparse.Namespace) -> int:
     return 0 if result.ok else 1
 
 
+def _torch_npu_sources(root: str | None):
+    from ascend_core.contracts.torch_npu_check import Sources
+
+    folder = Path(root) if root else find_workspace(Path.cwd())
+    return Sources.of_workspace(folder) if folder is not None else Sources.installed()
+
+
+def run_torch_npu_check(args: argparse.Namespace) -> int:
+    from ascend_core.contracts.torch_npu_check import check_torch_npu
+    from ascend_core.contracts.torch_npu_pins import load_op_pins
+    from ascend_core.contracts.torch_npu_report import render_torch_npu_table
+    from ascend_core.contracts.torch_npu_wheel import TorchNpuWheelError, open_torch_npu_wheel
+
+    if args.vllm is not None or args.baseline is not None:
+        print("ascend-contracts: --torch-npu checks torch_npu only; check --vllm/--baseline in a separate run",
+              file=sys.stderr)
+        return 2
+    try:
+        sources = _torch_npu_sources(args.root)
+        # A pins file belongs to the package whose folder holds it, as the calls of that package are held to it.
+        pins = {Path(f).parent.name: load_op_pins(f) for f in args.pins} if args.pins else sources.pins()
+        wheel = open_torch_npu_wheel(args.torch_npu)
+    except (PinsError, FileNotFoundError, WheelFetchError, TorchNpuWheelError, ValueError) as exc:
+        print(f"ascend-contracts: {exc}", file=sys.stderr)
+        return 2
+    report = check_torch_npu(wheel, pins, sources.calls())
+    print(report.to_json() if args.json else render_torch_npu_table(report))
+    return report.exit_code
+
+
+def run_pin_torch_npu(args: argparse.Namespace) -> int:
+    from ascend_core.contracts.torch_npu_check import generate_pins
+    from ascend_core.contracts.torch_npu_pins import DEFAULT_TORCH_NPU, TORCH_NPU_PINS_FILE, render_op_pins
+    from ascend_core.contracts.torch_npu_wheel import TorchNpuWheelError, open_torch_npu_wheel
+
+    try:
+        sources = _torch_npu_sources(args.root)
+        release = args.torch_npu or next((p.torch_npu for p in sources.pins().values()), DEFAULT_TORCH_NPU)
+        wheel = open_torch_npu_wheel(release)
+        rows = generate_pins(wheel, sources)
+    except (PinsError, FileNotFoundError, WheelFetchError, TorchNpuWheelError, ValueError) as exc:
+        print(f"ascend-contracts: {exc}", file=sys.stderr)
+        return 2
+    for package in sorted(rows):
+        text = render_op_pins(package, wheel.version, rows[package])
+        target = sources.folders[package] / TORCH_NPU_PINS_FILE
+        if args.write:
+            target.write_text(text, encoding="utf-8")
+            print(f"wrote {target} ({len(rows[package])} ops, torch_npu {wheel.version})")
+        else:
+            print(f"# ---- {target}\n{text}")
+    return 0
+
+
 def run_fetch(args: argparse.Namespace) -> int:
     try:
         print(fetch_wheel(args.version))
@@ -146,6 +212,13 @@ def add_subcommands(parser: argparse.ArgumentParser) -> None:
     p = sub.add_parser("scan", help="find vLLM symbols our sources use that no pin covers; exit 1 if any")
     add_scan_arguments(p)
     p.set_defaults(_contracts_run=run_scan)
+    p = sub.add_parser("pin-torch-npu", help="regenerate each package's torch_npu_pins.toml from its torch_npu call "
+                                             "sites and a torch_npu wheel (printed unless --write)")
+    p.add_argument("--torch-npu", metavar="VERSION_OR_WHEEL", default=None,
+                   help="the release to read schemas from (default: the one the pins name, else 2.13.0)")
+    p.add_argument("--root", metavar="DIR", default=None, help="the workspace (default: found from the current folder)")
+    p.add_argument("--write", action="store_true", help="write the files instead of printing them")
+    p.set_defaults(_contracts_run=run_pin_torch_npu)
     p = sub.add_parser("fetch", help="download a vLLM release wheel into the cache (pip download --no-deps)")
     p.add_argument("version", help="a release such as 0.33.0")
     p.set_defaults(_contracts_run=run_fetch)
