@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import inspect
+import logging
 import subprocess
 import sys
 
 import ascend_kernels
+from ascend_kernels import npu_backend, npu_usage
 from ascend_kernels.npu_backend import NPU_BINDINGS, npu_ops
 
 
@@ -32,3 +35,27 @@ def test_binding_table_and_capabilities_load_without_torch_npu():
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert "npu_fused_infer_attention_score" in result.stdout
+
+
+def test_every_torch_npu_call_is_counted():
+    # Bindings reach torch_npu only through _npu(), whose calls are recorded in npu_usage.
+    source = inspect.getsource(npu_backend)
+    uses = [line.strip() for line in source.splitlines() if "_torch_npu()" in line and "def _torch_npu" not in line]
+    assert uses == ["return _CountedTorchNpu(_torch_npu())"]
+    for name, binding in NPU_BINDINGS.items():
+        if binding.kind == "torch_npu":
+            assert "_npu()." in inspect.getsource(npu_ops()[name]), name
+
+
+def test_usage_counts_calls_and_fallbacks_and_warns_once(caplog):
+    npu_usage.reset()
+    with caplog.at_level(logging.WARNING, logger="ascend_kernels.npu_usage"):
+        npu_usage.record_call("npu_rms_norm")
+        npu_usage.record_fallback("fused_moe", "swiglu_limit")
+        npu_usage.record_fallback("fused_moe", "swiglu_limit")
+    assert npu_usage.snapshot() == {"npu_ops": {"npu_rms_norm": 1}, "fallbacks": {"fused_moe": 2},
+                                    "fallback_reasons": {"fused_moe": "swiglu_limit"}}
+    assert [r.getMessage() for r in caplog.records].count(
+        "ascend_kernels npu backend: fused_moe runs the reference implementation: swiglu_limit") == 1
+    npu_usage.reset()
+    assert npu_usage.snapshot() == {"npu_ops": {}, "fallbacks": {}, "fallback_reasons": {}}

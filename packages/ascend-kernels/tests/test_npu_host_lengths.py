@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import ascend_kernels
-from ascend_kernels import npu_backend, npu_probe, ops, registry
+from ascend_kernels import npu_backend, npu_probe, npu_usage, ops, registry
 
 
 class DeviceLengths(torch.Tensor):
@@ -45,6 +45,7 @@ def fake_npu(monkeypatch):
     monkeypatch.setattr(npu_probe, "torch_npu_status", lambda: npu_probe.TorchNpuStatus(True, 1, "fake", None))
     monkeypatch.setattr(registry._STATE, "loaded", {})  # this test's backends only
     npu_backend._torch_npu.cache_clear()
+    npu_usage.reset()
     with ascend_kernels.use_backend("npu"):
         yield launches
     npu_backend._torch_npu.cache_clear()
@@ -55,7 +56,7 @@ def _batch(contiguous: bool = True):
     gen = torch.Generator().manual_seed(0)
     key_cache = torch.randn(6, 16, 2, 32, generator=gen)
     value_cache = torch.randn(6, 16, 2, 32, generator=gen)
-    if not contiguous:  # K and V packed per state, as the allocator lays them out: not block-contiguous
+    if not contiguous:  # K and V packed in one backing: views that are not dense, which the kernels refuse
         packed = torch.randn(6, 2, 16, 64, generator=gen)
         key_cache, value_cache = packed[..., :32].permute(0, 2, 1, 3), packed[..., 32:].permute(0, 2, 1, 3)
     return dict(query=torch.randn(5, 4, 32, generator=gen), key_cache=key_cache, value_cache=value_cache,
@@ -67,6 +68,7 @@ def test_npu_paged_attention_with_host_lengths_never_reads_the_device(fake_npu):
     out = ops.paged_attention(**args, query_start_loc=_device(starts), seq_lens=_device(lens), scale=0.2,
                               query_start_loc_host=starts, seq_lens_host=lens)
     (launch,) = fake_npu
+    assert npu_usage.snapshot()["npu_ops"] == {"npu_fused_infer_attention_score_v2": 1}
     assert launch["rows"] == 4 and launch["actual_seq_qlen"] == [1, 4] and launch["actual_seq_kvlen"] == [20, 7]
     assert out.shape == (5, 4, 32) and out[4].abs().sum() == 0  # the padding row
 
@@ -84,7 +86,10 @@ def test_npu_fallback_to_the_reference_takes_the_host_lengths_too(fake_npu):
     args, starts, lens = _batch(contiguous=False)
     out = ops.paged_attention(**args, query_start_loc=_device(starts), seq_lens=_device(lens), scale=0.2,
                               query_start_loc_host=starts, seq_lens_host=lens)
-    assert not fake_npu  # strided caches: the reference ran, on the host lists
+    assert not fake_npu  # strided caches: the reference ran, on the host lists, and the fallback was counted
+    usage = npu_usage.snapshot()
+    assert usage["fallbacks"] == {"paged_attention": 1} and usage["npu_ops"] == {}
+    assert "not contiguous" in usage["fallback_reasons"]["paged_attention"]
     with ascend_kernels.use_backend("reference"):
         expected = ops.paged_attention(**args, query_start_loc=torch.tensor(starts, dtype=torch.int32),
                                        seq_lens=torch.tensor(lens, dtype=torch.int32), scale=0.2)

@@ -6,7 +6,7 @@ in `ascend_kernels.npu_backend` only). Selection is explicit: `set_backend(name)
 `supports(op, backend)` answers per op. Argument checks run by default (`set_validation(False)` for hot paths).
 """
 
-from ascend_kernels import ops
+from ascend_kernels import npu_usage, ops
 from ascend_kernels.registry import (
     BACKEND_NAMES,
     OP_NAMES,
@@ -29,6 +29,7 @@ __all__ = [
     "default_backend_name",
     "get_backend",
     "implementations",
+    "npu_usage",
     "ops",
     "set_backend",
     "set_validation",

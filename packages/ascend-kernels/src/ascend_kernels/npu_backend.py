@@ -2,11 +2,13 @@
 
 `NPU_BINDINGS` is plain data (readable without torch_npu: the tests check every op has an entry); `npu_ops()` builds
 the callables, and torch_npu is imported on the first call of any of them. Ops with no dedicated torch_npu kernel
-(sampling, the MoE reference) run the reference implementation on the NPU device ("torch" bindings). Where a kernel
-needs a layout it cannot take (e.g. a cache view that is not block-contiguous) the binding runs the reference.
+(sampling, the MoE reference) run the reference implementation on the NPU device ("torch" bindings). Paged caches
+are dense (one contiguous [blocks, block_size, heads, dim] tensor per plane); where a kernel cannot take what it is
+given (a non-contiguous cache, a partial rotary, ...) the binding runs the reference and says so in `npu_usage`.
 
 Names and argument conventions follow vllm-ascend's use of torch_npu (attention_v1, mla_v1, ops/rotary_embedding,
-layernorm, activation, fused_moe and sample/): none of this is exercised here, only on an Ascend host.
+layernorm, activation, fused_moe and sample/). Off an Ascend host they run over the testkit's schema-faithful
+torch_npu (the wheel's own schemas and meta functions), which is how the tests hold them to torch_npu's signatures.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ascend_kernels import reference
+from ascend_kernels import npu_usage, reference
 from ascend_kernels.reference import sampling as ref_sampling
 
 
@@ -31,7 +33,7 @@ class NpuBinding:
 
 NPU_BINDINGS: dict[str, NpuBinding] = {
     "reshape_and_cache": NpuBinding(
-        target="torch_npu._npu_reshape_and_cache", kind="torch_npu", note="slots as int32; block-contiguous caches"
+        target="torch_npu._npu_reshape_and_cache", kind="torch_npu", note="slots as int32; dense caches"
     ),
     "reshape_and_cache_mla": NpuBinding(
         target="torch_npu._npu_reshape_and_cache", kind="torch_npu", note="latent as key, rope as value"
@@ -49,7 +51,7 @@ NPU_BINDINGS: dict[str, NpuBinding] = {
     ),
     "gather_mla_cache": NpuBinding(
         target="torch_npu.atb.npu_paged_cache_load", kind="torch_npu",
-        note="latent as key, rope as value; seq_starts 0; block-contiguous caches",
+        note="latent as key, rope as value; seq_starts 0; the out= form sized from the host lengths; dense caches",
     ),
     "mla_prefill_attention": NpuBinding(
         target="torch_npu.npu_fused_infer_attention_score",
@@ -151,11 +153,37 @@ NPU_BINDINGS: dict[str, NpuBinding] = {
 
 _FIA_MASK_SIZE = 2048  # the compressed causal mask sparse_mode 3 expects
 _SPARSE_CAUSAL, _SPARSE_BAND = 3, 4
+_TOP_K_MAX = 1024  # npu_top_k_top_p takes k in [1, 1024]
+_GATING_MAX_EXPERTS = 2048  # npu_moe_gating_top_k: at most 2048 experts, groups of more than 2
 
 
 @functools.cache
 def _torch_npu():
     return importlib.import_module("torch_npu")
+
+
+class _CountedTorchNpu:
+    """torch_npu as the bindings call it (`_npu().npu_rms_norm(...)`, `_npu().atb.npu_paged_cache_load(...)`):
+    each call is recorded in npu_usage under the op's own name; the call sites stay plain torch_npu calls, which the
+    contract checker (`ascend-vllm contracts check --torch-npu`) reads against the wheel's schemas."""
+
+    def __init__(self, module) -> None:
+        self._module = module
+
+    def __getattr__(self, name: str):
+        target = getattr(self._module, name)
+        if name == "atb":
+            return _CountedTorchNpu(target)
+
+        def counted(*args, **kwargs):
+            npu_usage.record_call(name)
+            return target(*args, **kwargs)
+
+        return counted
+
+
+def _npu() -> _CountedTorchNpu:
+    return _CountedTorchNpu(_torch_npu())
 
 
 @functools.cache
@@ -164,115 +192,96 @@ def _causal_mask(device_str: str) -> torch.Tensor:
     return torch.triu(ones, diagonal=1)
 
 
-def _block_contiguous(cache: torch.Tensor) -> bool:
-    """Whether each block is one dense [block_size, heads, dim] run, so `cache.view(nb, bs, -1)` is legal."""
-    _, bs, h, d = cache.shape
-    return cache.stride(3) == 1 and cache.stride(2) == d and cache.stride(1) == h * d
+def _dense(*caches: torch.Tensor) -> bool:
+    """Whether every paged cache is one contiguous [blocks, block_size, heads, dim] tensor: torch_npu's paged caches
+    do not take non-contiguous tensors, and `cache.view(nb, bs, -1)` is the [blocks, block_size, H] form they take."""
+    return all(cache.is_contiguous() for cache in caches)
 
 
 def _flat_blocks(cache: torch.Tensor) -> torch.Tensor:
-    return cache.as_strided(
-        (cache.shape[0], cache.shape[1], cache.shape[2] * cache.shape[3]), (cache.stride(0), cache.stride(1), 1)
-    )
+    return cache.view(cache.shape[0], cache.shape[1], -1)
+
+
+def _not_dense(op: str, *caches: torch.Tensor) -> str:
+    shapes = ", ".join(f"{tuple(c.shape)} strides {c.stride()}" for c in caches if not c.is_contiguous())
+    return f"a paged cache is not contiguous ({shapes}); torch_npu's paged kernels take dense caches only"
 
 
 def reshape_and_cache(key, value, key_cache, value_cache, slot_mapping):
-    if not (_block_contiguous(key_cache) and _block_contiguous(value_cache)):
+    if not _dense(key_cache, value_cache):
+        npu_usage.record_fallback("reshape_and_cache", _not_dense("reshape_and_cache", key_cache, value_cache))
         return reference.reshape_and_cache(key, value, key_cache, value_cache, slot_mapping)
-    _torch_npu()._npu_reshape_and_cache(key, value, key_cache, value_cache, slot_mapping.to(torch.int32))
+    _npu()._npu_reshape_and_cache(key, value, key_cache, value_cache, slot_mapping.to(torch.int32))
 
 
 def reshape_and_cache_mla(latent, rope, latent_cache, rope_cache, slot_mapping):
-    if not (_block_contiguous(latent_cache) and _block_contiguous(rope_cache)):
+    if not _dense(latent_cache, rope_cache):
+        npu_usage.record_fallback("reshape_and_cache_mla", _not_dense("reshape_and_cache_mla", latent_cache,
+                                                                      rope_cache))
         return reference.reshape_and_cache_mla(latent, rope, latent_cache, rope_cache, slot_mapping)
     latent = latent.reshape(latent.shape[0], 1, latent.shape[-1])
     rope = rope.reshape(rope.shape[0], 1, rope.shape[-1])
-    _torch_npu()._npu_reshape_and_cache(latent, rope, latent_cache, rope_cache, slot_mapping.to(torch.int32))
+    _npu()._npu_reshape_and_cache(latent, rope, latent_cache, rope_cache, slot_mapping.to(torch.int32))
 
 
-def paged_attention(
-    query,
-    key_cache,
-    value_cache,
-    block_table,
-    query_start_loc,
-    seq_lens,
-    *,
-    scale,
-    causal=True,
-    sliding_window=None,
-    sinks=None,
-    out=None,
-    query_start_loc_host=None,
-    seq_lens_host=None,
-):
-    if not (_block_contiguous(key_cache) and _block_contiguous(value_cache)):
+def _host(values: list[int] | None, tensor: torch.Tensor) -> list[int]:
+    """The caller's host list (built once per step), else one read-back of the tensor."""
+    return list(values) if values is not None else tensor.tolist()
+
+
+def _copy_rows(result: torch.Tensor, num_q: int, rows: int, heads: int, dim: int, out: torch.Tensor | None,
+               like: torch.Tensor) -> torch.Tensor:
+    """The kernel's [num_q, heads, dim] rows into `out` (or a new [rows, heads, dim]); padding rows are zero."""
+    if out is None:
+        out = like.new_zeros(rows, heads, dim)
+    else:
+        out[num_q:].zero_()
+    out[:num_q].copy_(result.view(num_q, heads, -1))
+    return out
+
+
+def paged_attention(query, key_cache, value_cache, block_table, query_start_loc, seq_lens, *, scale, causal=True,
+                    sliding_window=None, sinks=None, out=None, query_start_loc_host=None, seq_lens_host=None):
+    if not _dense(key_cache, value_cache):
+        npu_usage.record_fallback("paged_attention", _not_dense("paged_attention", key_cache, value_cache))
         return reference.paged_attention(
-            query,
-            key_cache,
-            value_cache,
-            block_table,
-            query_start_loc,
-            seq_lens,
-            scale=scale,
-            causal=causal,
-            sliding_window=sliding_window,
-            sinks=sinks,
-            out=out,
-            query_start_loc_host=query_start_loc_host,
-            seq_lens_host=seq_lens_host,
-        )
+            query, key_cache, value_cache, block_table, query_start_loc, seq_lens, scale=scale, causal=causal,
+            sliding_window=sliding_window, sinks=sinks, out=out, query_start_loc_host=query_start_loc_host,
+            seq_lens_host=seq_lens_host)
     _, bs, hkv, _ = key_cache.shape
     kwargs = {}
     if causal:
         kwargs.update(atten_mask=_causal_mask(str(query.device)), sparse_mode=_SPARSE_CAUSAL)
     if sliding_window is not None:
-        kwargs.update(sparse_mode=_SPARSE_BAND, pre_tokens=sliding_window - 1, next_tokens=0 if causal else 2**31 - 1)
+        kwargs.update(atten_mask=_causal_mask(str(query.device)), sparse_mode=_SPARSE_BAND,
+                      pre_tokens=sliding_window - 1, next_tokens=0 if causal else 2**31 - 1)
     if sinks is not None:
         kwargs["learnable_sink"] = sinks
     # The kernel takes lengths at launch: the caller's host lists (built once per step), else one read-back each.
-    starts = query_start_loc_host if query_start_loc_host is not None else query_start_loc.tolist()
-    kv_lens = seq_lens_host if seq_lens_host is not None else seq_lens.tolist()
+    starts = _host(query_start_loc_host, query_start_loc)
     num_q = starts[-1]
-    result, _ = _torch_npu().npu_fused_infer_attention_score_v2(
-        query[:num_q],
-        _flat_blocks(key_cache),
-        _flat_blocks(value_cache),
-        num_query_heads=query.shape[1],
-        num_key_value_heads=hkv,
-        input_layout="TND",
-        softmax_scale=scale,
-        block_table=block_table.to(torch.int32),
-        block_size=bs,
-        actual_seq_qlen=list(starts[1:]),
-        actual_seq_kvlen=list(kv_lens),
-        **kwargs,
-    )
-    if out is None:
-        out = query.new_zeros(query.shape[0], query.shape[1], value_cache.shape[3])
-    else:
-        out[num_q:].zero_()
-    out[:num_q].copy_(result.view(num_q, query.shape[1], -1))
-    return out
+    result, _ = _npu().npu_fused_infer_attention_score_v2(
+        query[:num_q], _flat_blocks(key_cache), _flat_blocks(value_cache),
+        num_query_heads=query.shape[1], num_key_value_heads=hkv, input_layout="TND", softmax_scale=scale,
+        block_table=block_table.to(torch.int32), block_size=bs, actual_seq_qlen=list(starts[1:]),
+        actual_seq_kvlen=_host(seq_lens_host, seq_lens), **kwargs)
+    return _copy_rows(result, num_q, query.shape[0], query.shape[1], value_cache.shape[3], out, query)
 
 
 def mla_decode_attention(q_nope_absorbed, q_rope, latent_cache, rope_cache, block_table, seq_lens, *, scale, out=None,
                          seq_lens_host=None):
+    if not _dense(latent_cache, rope_cache):
+        npu_usage.record_fallback("mla_decode_attention", _not_dense("mla_decode_attention", latent_cache,
+                                                                     rope_cache))
+        return reference.mla_decode_attention(q_nope_absorbed, q_rope, latent_cache, rope_cache, block_table,
+                                              seq_lens, scale=scale, out=out, seq_lens_host=seq_lens_host)
     b, h, r = q_nope_absorbed.shape
-    result, _ = _torch_npu().npu_fused_infer_attention_score(
-        q_nope_absorbed.view(b, h, 1, r),
-        _flat_blocks(latent_cache),
-        _flat_blocks(latent_cache),
-        query_rope=q_rope.reshape(b, h, 1, -1),
-        key_rope=_flat_blocks(rope_cache),
-        num_heads=h,
-        num_key_value_heads=1,
-        input_layout="BNSD",
-        scale=scale,
-        block_table=block_table.to(torch.int32),
-        block_size=latent_cache.shape[1],
-        actual_seq_lengths_kv=_host(seq_lens_host, seq_lens),
-    )
+    latent = _flat_blocks(latent_cache)
+    result, _ = _npu().npu_fused_infer_attention_score(
+        q_nope_absorbed.view(b, h, 1, r), latent, latent,
+        query_rope=q_rope.reshape(b, h, 1, -1), key_rope=_flat_blocks(rope_cache), num_heads=h,
+        num_key_value_heads=1, input_layout="BNSD", scale=scale, block_table=block_table.to(torch.int32),
+        block_size=latent_cache.shape[1], actual_seq_lengths_kv=_host(seq_lens_host, seq_lens))
     result = result.view(b, h, r)
     if out is None:
         return result
@@ -281,15 +290,16 @@ def mla_decode_attention(q_nope_absorbed, q_rope, latent_cache, rope_cache, bloc
 
 
 def gather_mla_cache(latent_cache, rope_cache, block_table, seq_lens, *, seq_lens_host=None):
-    if not (_block_contiguous(latent_cache) and _block_contiguous(rope_cache)):
+    if not _dense(latent_cache, rope_cache):
+        npu_usage.record_fallback("gather_mla_cache", _not_dense("gather_mla_cache", latent_cache, rope_cache))
         return reference.gather_mla_cache(latent_cache, rope_cache, block_table, seq_lens, seq_lens_host=seq_lens_host)
+    # The out= form (key/value given) sizes the rows from the host lengths: the kernel reads no length back.
     total = sum(seq_lens_host) if seq_lens_host is not None else int(seq_lens.sum())
     latent = latent_cache.new_empty(total, latent_cache.shape[3])
     rope = rope_cache.new_empty(total, rope_cache.shape[3])
-    _torch_npu().atb.npu_paged_cache_load(
-        latent_cache, rope_cache, block_table.to(torch.int32), seq_lens.to(torch.int32),
-        seq_starts=torch.zeros_like(seq_lens, dtype=torch.int32), key=latent.view(total, 1, -1),
-        value=rope.view(total, 1, -1))
+    _npu().atb.npu_paged_cache_load(latent_cache, rope_cache, block_table.to(torch.int32),
+            seq_lens.to(torch.int32), seq_starts=torch.zeros_like(seq_lens, dtype=torch.int32),
+            key=latent.view(total, 1, -1), value=rope.view(total, 1, -1))
     return latent, rope
 
 
@@ -300,116 +310,150 @@ def mla_prefill_attention(q, k_nope, k_rope, v, query_start_loc, kv_start_loc, *
     k = torch.cat([k_nope, k_rope.reshape(n, 1, -1).expand(n, h, -1)], dim=-1)
     starts = _host(query_start_loc_host, query_start_loc)
     num_q = starts[-1]
-    result, _ = _torch_npu().npu_fused_infer_attention_score(
-        q[:num_q], k, v, num_heads=h, num_key_value_heads=h, input_layout="TND", scale=scale,
-        atten_mask=_causal_mask(str(q.device)), sparse_mode=_SPARSE_CAUSAL,
+    result, _ = _npu().npu_fused_infer_attention_score(
+        q[:num_q], k, v, num_heads=h, num_key_value_heads=h, input_layout="TND",
+        scale=scale, atten_mask=_causal_mask(str(q.device)), sparse_mode=_SPARSE_CAUSAL,
         actual_seq_lengths=starts[1:], actual_seq_lengths_kv=_host(kv_start_loc_host, kv_start_loc)[1:])
-    if out is None:
-        out = q.new_zeros(t, h, v.shape[2])
-    else:
-        out[num_q:].zero_()
-    out[:num_q].copy_(result.view(num_q, h, -1))
-    return out
+    return _copy_rows(result, num_q, t, h, v.shape[2], out, q)
 
 
 def rotary_embedding(positions, query, key, cos_sin_cache, *, head_size, rotary_dim, is_neox):
-    t = positions.shape[0]
-    if rotary_dim != head_size or not query.is_contiguous() or (key is not None and not key.is_contiguous()):
+    reason = None
+    if rotary_dim != head_size:
+        reason = f"partial rotary (rotary_dim {rotary_dim} < head_size {head_size}): the ATB rope rotates whole heads"
+    elif not query.is_contiguous() or (key is not None and not key.is_contiguous()):
+        reason = "query or key is not contiguous; the ATB rope rotates in place over contiguous rows"
+    if reason is not None:
+        npu_usage.record_fallback("rotary_embedding", reason)
         return reference.rotary_embedding(
-            positions, query, key, cos_sin_cache, head_size=head_size, rotary_dim=rotary_dim, is_neox=is_neox
-        )
+            positions, query, key, cos_sin_cache, head_size=head_size, rotary_dim=rotary_dim, is_neox=is_neox)
+    t = positions.shape[0]
     q2 = query.view(t, -1)
     k2 = key.view(t, -1) if key is not None else torch.empty_like(q2)
-    _torch_npu()._npu_rotary_embedding(positions, q2, k2, head_size, cos_sin_cache.to(query.dtype), is_neox)
+    _npu()._npu_rotary_embedding(positions, q2, k2, head_size, cos_sin_cache.to(query.dtype), is_neox)
     return query, key
 
 
 def rms_norm(x, weight, eps, residual=None):
-    torch_npu = _torch_npu()
     if residual is None:
-        return torch_npu.npu_rms_norm(x, weight, eps)[0]
-    out, _, new_residual = torch_npu.npu_add_rms_norm(x, residual, weight, eps)
+        return _npu().npu_rms_norm(x, weight, eps)[0]
+    out, _, new_residual = _npu().npu_add_rms_norm(x, residual, weight, eps)
     return out, new_residual
 
 
 def silu_and_mul(x):
-    return _torch_npu().npu_swiglu(x, dim=-1)
+    return _npu().npu_swiglu(x, dim=-1)
 
 
 def topk_softmax(gating_logits, topk, renormalize):
-    weights, ids, _ = _torch_npu().npu_moe_gating_top_k_softmax(gating_logits, None, k=topk)
+    weights, ids, _ = _npu().npu_moe_gating_top_k_softmax(gating_logits, None, k=topk)
     weights = weights.float()
     if renormalize:
         weights = weights / weights.sum(dim=-1, keepdim=True)
     return weights, ids.to(torch.int32)
 
 
+def _gating_refusal(experts: int, topk: int, groups: int, topk_group: int, scoring_func: str) -> str | None:
+    if scoring_func not in ("softmax", "sigmoid"):
+        return f"scoring_func {scoring_func!r}: the kernel's norm_type covers softmax and sigmoid only"
+    if experts > _GATING_MAX_EXPERTS or experts % groups or experts // groups <= 2:
+        return f"{experts} experts in {groups} groups: the kernel takes at most 2048 experts in groups of more than 2"
+    if topk > experts // groups * topk_group:
+        return f"top-{topk} from {topk_group} of {groups} groups of {experts // groups} experts"
+    return None
+
+
 def moe_gating_topk(router_logits, topk, *, scoring_func="softmax", renormalize=True, num_expert_group=None,
                     topk_group=None, e_score_correction_bias=None, routed_scaling_factor=1.0):
-    if scoring_func == "sqrtsoftplus":  # the kernel's norm_type covers softmax and sigmoid only
+    grouped = num_expert_group is not None and num_expert_group > 1
+    groups, keep = (num_expert_group, topk_group) if grouped else (1, 1)
+    reason = _gating_refusal(router_logits.shape[-1], topk, groups, keep, scoring_func)
+    if reason is not None:
+        npu_usage.record_fallback("moe_gating_topk", reason)
         return reference.moe_gating_topk(router_logits, topk, scoring_func=scoring_func, renormalize=renormalize,
                                          num_expert_group=num_expert_group, topk_group=topk_group,
                                          e_score_correction_bias=e_score_correction_bias,
                                          routed_scaling_factor=routed_scaling_factor)
-    grouped = num_expert_group is not None and num_expert_group > 1
-    weights, ids, _ = _torch_npu().npu_moe_gating_top_k(
-        router_logits,
-        k=topk,
-        bias=e_score_correction_bias,
-        k_group=topk_group if grouped else 1,
-        group_count=num_expert_group if grouped else 1,
-        group_select_mode=1 if e_score_correction_bias is not None else 0,
-        renorm=0,
-        norm_type=0 if scoring_func == "softmax" else 1,
-        routed_scaling_factor=1.0,
-        eps=1e-20,
-    )
-    weights = weights.float()
-    if renormalize:
+    sigmoid = scoring_func == "sigmoid"
+    bias = None if e_score_correction_bias is None else e_score_correction_bias.to(router_logits.dtype)
+    # Sigmoid weights come back renormalised (y / (sum + eps)); unrenormalised ones are read from norm_out.
+    want_scores = sigmoid and not renormalize
+    weights, ids, scores = _npu().npu_moe_gating_top_k(
+        router_logits, topk, bias=bias, k_group=keep, group_count=groups,
+        group_select_mode=1 if bias is not None else 0, renorm=0, norm_type=1 if sigmoid else 0,
+        out_flag=want_scores, routed_scaling_factor=1.0, eps=1e-20)
+    weights = scores.gather(1, ids.long()) if want_scores else weights.float()
+    if renormalize and not sigmoid:
         weights = weights / weights.sum(dim=-1, keepdim=True)
     if routed_scaling_factor != 1.0:
         weights = weights * routed_scaling_factor
     return weights, ids.to(torch.int32)
 
 
+def _gmm_bias(bias: torch.Tensor | None, dtype: torch.dtype) -> list[torch.Tensor] | None:
+    # The grouped matmul takes a float32 bias for bfloat16 inputs and the input's dtype otherwise.
+    if bias is None:
+        return None
+    return [bias.to(torch.float32 if dtype == torch.bfloat16 else dtype)]
+
+
 def fused_moe(hidden_states, w13, w2, topk_weights, topk_ids, *, w13_bias=None, w2_bias=None, swiglu_limit=None):
-    if swiglu_limit is not None:  # npu_swiglu has no clamp
+    if swiglu_limit is not None:
+        npu_usage.record_fallback("fused_moe", "swiglu_limit (a clamped SwiGLU): npu_swiglu has no clamp")
         return reference.fused_moe(hidden_states, w13, w2, topk_weights, topk_ids, w13_bias=w13_bias,
                                    w2_bias=w2_bias, swiglu_limit=swiglu_limit)
-    torch_npu = _torch_npu()
     t, k = topk_ids.shape
     num_experts = w13.shape[0]
     if t == 0:
         return hidden_states.new_zeros(hidden_states.shape)
-    expanded_x, expanded_row_idx, expert_tokens, _ = torch_npu.npu_moe_init_routing_v2(
+    dtype = hidden_states.dtype
+    # Pairs whose expert lies outside [0, num_experts) (ids of -1 for experts on other ranks) are left out by the
+    # active range: their row index is -1 and the expanded rows past the routed ones are undefined.
+    expanded_x, row_idx, expert_tokens, _ = _npu().npu_moe_init_routing_v2(
         hidden_states, topk_ids.to(torch.int32), active_num=t * k, expert_num=num_experts,
         expert_tokens_num_type=1, expert_tokens_num_flag=True, active_expert_range=[0, num_experts])
-    group_list = expert_tokens.to(torch.int64)
-    gate_up = torch_npu.npu_grouped_matmul(
-        x=[expanded_x], weight=[w13.transpose(1, 2)], bias=None if w13_bias is None else [w13_bias.float()],
-        split_item=2, group_list_type=1, group_type=0, group_list=group_list)[0]
-    down = torch_npu.npu_grouped_matmul(
-        x=[torch_npu.npu_swiglu(gate_up)], weight=[w2.transpose(1, 2)],
-        bias=None if w2_bias is None else [w2_bias.float()],
-        split_item=2, group_list_type=1, group_type=0, group_list=group_list)[0]
-    return torch_npu.npu_moe_token_unpermute(down, expanded_row_idx, probs=topk_weights.to(down.dtype))
+    gate_up = _npu().npu_grouped_matmul([expanded_x], [w13.transpose(1, 2)], bias=_gmm_bias(w13_bias, dtype),
+                      split_item=2, group_list_type=1, group_type=0, group_list=expert_tokens)[0]
+    down = _npu().npu_grouped_matmul([_npu().npu_swiglu(gate_up)], [w2.transpose(1, 2)],
+                   bias=_gmm_bias(w2_bias, dtype), split_item=2, group_list_type=1, group_type=0,
+                   group_list=expert_tokens)[0]
+    routed = torch.arange(down.shape[0], device=down.device) < expert_tokens.sum()
+    down = torch.where(routed[:, None], down, torch.zeros((), dtype=down.dtype, device=down.device))
+    valid = row_idx >= 0
+    probs = torch.where(valid.view(t, k), topk_weights.to(dtype), torch.zeros((), dtype=dtype, device=down.device))
+    return _npu().npu_moe_token_unpermute(down, row_idx.clamp(min=0), probs=probs)
 
 
 def sample(logits, temperature, top_k=None, top_p=None, generator=None):
-    if top_k is None or top_p is None:
+    if top_k is None and top_p is None:
         return reference.sample(logits, temperature, top_k, top_p, generator)
-    rows = logits.shape[0]
+    rows, vocab = logits.shape
+    k = None
+    if top_k is not None:
+        disabled = (top_k <= 0) | (top_k >= vocab)
+        k = torch.where(disabled, torch.full_like(top_k, vocab), top_k).to(torch.int32)
+        if vocab > _TOP_K_MAX and rows and int(k.max()) > _TOP_K_MAX:
+            if bool(disabled.all()):
+                k = None  # no row filters by top-k: the kernel's p-only form
+            else:
+                npu_usage.record_fallback("sample", f"a top_k above {_TOP_K_MAX} (or disabled in some rows of a "
+                                          f"{vocab}-token vocabulary): npu_top_k_top_p takes k in [1, {_TOP_K_MAX}]")
+                return reference.sample(logits, temperature, top_k, top_p, generator)
+    if k is None and top_p is None:
+        return reference.sample(logits, temperature, None, None, generator)
     temp = ref_sampling.per_row(temperature, rows, logits.device)
     greedy = temp < ref_sampling.SAMPLING_EPS
     scaled = logits.float() / torch.where(greedy, torch.ones_like(temp), temp)[:, None]
-    filtered = _torch_npu().npu_top_k_top_p(scaled, top_p.to(scaled.dtype), top_k.to(torch.int32))
+    p = None if top_p is None else top_p.to(scaled.dtype)
+    filtered = _npu().npu_top_k_top_p(scaled, p, k)
     sampled = ref_sampling.exponential_race(torch.softmax(filtered, dim=-1), generator)
     return torch.where(greedy, logits.argmax(dim=-1), sampled)
 
 
-def _host(values: list[int] | None, tensor: torch.Tensor) -> list[int]:
-    """The caller's host list (built once per step), else one read-back of the tensor."""
-    return list(values) if values is not None else tensor.tolist()
+def _full_lse(lse: torch.Tensor, num_q: int, rows: int, heads: int, device) -> torch.Tensor:
+    full = torch.full((rows, heads), float("-inf"), dtype=torch.float32, device=device)
+    full[:num_q] = lse.reshape(num_q, heads).float()
+    return full
 
 
 def attention_with_lse(q, k, v, query_start_loc, kv_start_loc, *, scale, causal=True, out=None,
@@ -418,23 +462,18 @@ def attention_with_lse(q, k, v, query_start_loc, kv_start_loc, *, scale, causal=
     starts = _host(query_start_loc_host, query_start_loc)
     num_q = starts[-1]
     kwargs = {"atten_mask": _causal_mask(str(q.device)), "sparse_mode": _SPARSE_CAUSAL} if causal else {}
-    result, lse = _torch_npu().npu_fused_infer_attention_score(
-        q[:num_q], k, v, num_heads=h, num_key_value_heads=k.shape[1], input_layout="TND", scale=scale,
-        softmax_lse_flag=True, actual_seq_lengths=starts[1:],
+    result, lse = _npu().npu_fused_infer_attention_score(
+        q[:num_q], k, v, num_heads=h, num_key_value_heads=k.shape[1],
+        input_layout="TND", scale=scale, softmax_lse_flag=True, actual_seq_lengths=starts[1:],
         actual_seq_lengths_kv=_host(kv_start_loc_host, kv_start_loc)[1:], **kwargs)
-    if out is None:
-        out = q.new_zeros(t, h, v.shape[2])
-    else:
-        out[num_q:].zero_()
-    out[:num_q].copy_(result.view(num_q, h, -1))
-    full_lse = torch.full((t, h), float("-inf"), dtype=torch.float32, device=q.device)
-    full_lse[:num_q] = lse.view(num_q, h).float()
-    return out, full_lse
+    return _copy_rows(result, num_q, t, h, v.shape[2], out, q), _full_lse(lse, num_q, t, h, q.device)
 
 
 def paged_attention_with_lse(query, key_cache, value_cache, block_table, query_start_loc, seq_lens, *, scale,
                              causal=True, out=None, query_start_loc_host=None, seq_lens_host=None):
-    if not (_block_contiguous(key_cache) and _block_contiguous(value_cache)):
+    if not _dense(key_cache, value_cache):
+        npu_usage.record_fallback("paged_attention_with_lse", _not_dense("paged_attention_with_lse", key_cache,
+                                                                         value_cache))
         return reference.paged_attention_with_lse(query, key_cache, value_cache, block_table, query_start_loc,
                                                   seq_lens, scale=scale, causal=causal, out=out,
                                                   query_start_loc_host=query_start_loc_host,
@@ -444,25 +483,18 @@ def paged_attention_with_lse(query, key_cache, value_cache, block_table, query_s
     starts = _host(query_start_loc_host, query_start_loc)
     num_q = starts[-1]
     kwargs = {"atten_mask": _causal_mask(str(query.device)), "sparse_mode": _SPARSE_CAUSAL} if causal else {}
-    result, lse = _torch_npu().npu_fused_infer_attention_score(
-        query[:num_q], _flat_blocks(key_cache), _flat_blocks(value_cache), num_heads=h, num_key_value_heads=hkv,
-        input_layout="TND", scale=scale, softmax_lse_flag=True, block_table=block_table.to(torch.int32),
-        block_size=bs, actual_seq_lengths=starts[1:], actual_seq_lengths_kv=_host(seq_lens_host, seq_lens),
-        **kwargs)
-    if out is None:
-        out = query.new_zeros(t, h, value_cache.shape[3])
-    else:
-        out[num_q:].zero_()
-    out[:num_q].copy_(result.view(num_q, h, -1))
-    full_lse = torch.full((t, h), float("-inf"), dtype=torch.float32, device=query.device)
-    full_lse[:num_q] = lse.view(num_q, h).float()
-    return out, full_lse
+    result, lse = _npu().npu_fused_infer_attention_score(
+        query[:num_q], _flat_blocks(key_cache), _flat_blocks(value_cache),
+        num_heads=h, num_key_value_heads=hkv, input_layout="TND", scale=scale, softmax_lse_flag=True,
+        block_table=block_table.to(torch.int32), block_size=bs, actual_seq_lengths=starts[1:],
+        actual_seq_lengths_kv=_host(seq_lens_host, seq_lens), **kwargs)
+    return _copy_rows(result, num_q, t, h, value_cache.shape[3], out, query), _full_lse(lse, num_q, t, h, query.device)
 
 
 def merge_attention_states(outputs, lses, *, out=None):
     t, h, d = outputs[0].shape
-    merged, _ = _torch_npu().npu_attention_update(
-        [lse.float().reshape(t * h) for lse in lses], [o.float().reshape(t * h, d) for o in outputs], 0)
+    merged, _ = _npu().npu_attention_update([lse.float().reshape(t * h) for lse in lses],
+                        [o.float().reshape(t * h, d) for o in outputs], 0)
     total = torch.logsumexp(torch.stack([lse.float() for lse in lses]), dim=0)
     merged = merged.view(t, h, d)
     if out is None:

@@ -28,16 +28,16 @@ def torch_npu_status() -> TorchNpuStatus:
     if importlib.util.find_spec("torch_npu") is None:
         return TorchNpuStatus(False, 0, None, "torch_npu is not installed (pip install 'ascend-kernels[npu]')")
     try:
-        import torch_npu  # noqa: F401  (registers the PrivateUse1 'npu' device)
+        import torch_npu  # registers the PrivateUse1 'npu' device
     except Exception as exc:  # e.g. OSError: libhccl.so missing when CANN is absent
         return TorchNpuStatus(False, 0, None, f"import torch_npu failed: {type(exc).__name__}: {exc}")
-    import torch
-
     version = getattr(torch_npu, "__version__", None)
     try:
-        count = torch.npu.device_count()
+        # torch_npu.npu is the module `torch.npu` points to once torch_npu is imported; asking it directly means a
+        # stand-in torch_npu needs no attribute on torch.
+        count = torch_npu.npu.device_count()
     except Exception as exc:
-        return TorchNpuStatus(True, 0, version, f"torch.npu.device_count() failed: {exc}")
+        return TorchNpuStatus(True, 0, version, f"torch_npu.npu.device_count() failed: {exc}")
     if count == 0:
         return TorchNpuStatus(True, 0, version, "torch_npu imports but sees no NPU device")
     return TorchNpuStatus(True, count, version, None)
