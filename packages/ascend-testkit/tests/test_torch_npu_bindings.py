@@ -1,0 +1,229 @@
+"""Every torch_npu binding of `ascend_kernels.npu_backend`, run over the testkit's schema-faithful torch_npu, against
+the reference backend on the same inputs; and the fake's own contract (schema errors, the meta check, counters)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import ascend_kernels
+from ascend_kernels import npu_backend, npu_probe, npu_usage, registry
+from ascend_kernels import reference as ref
+from ascend_testkit import torch_npu as fake
+
+TOL = {"atol": 2e-5, "rtol": 2e-5}
+
+
+@pytest.fixture(scope="module")
+def torch_npu():
+    module = fake.install("tiny-models")
+    npu_backend._torch_npu.cache_clear()
+    yield module
+    fake.uninstall()
+    npu_backend._torch_npu.cache_clear()
+    npu_probe.torch_npu_status.cache_clear()
+
+
+@pytest.fixture(autouse=True)
+def _fresh_counts(torch_npu):
+    fake.reset_calls()
+    npu_usage.reset()
+
+
+def _gen(seed=0):
+    return torch.Generator().manual_seed(seed)
+
+
+def _paged_batch(seed=0, block_size=4, heads=4, kv_heads=2, dim=8):
+    """A decode (1 query over 9 keys: 3 blocks, the last partial), a prefill chunk (5 queries over 8 keys: exactly two
+    blocks) and a fresh prefill (3 over 3); two padding rows. Dense caches [blocks, block_size, kv_heads, dim]."""
+    g = _gen(seed)
+    key_cache = torch.randn(12, block_size, kv_heads, dim, generator=g)
+    value_cache = torch.randn(12, block_size, kv_heads, dim, generator=g)
+    block_table = torch.tensor([[3, 7, 1], [0, 5, 11], [9, 2, 4]], dtype=torch.int32)
+    starts, lens = [0, 1, 6, 9], [9, 8, 3]
+    query = torch.randn(11, heads, dim, generator=g)
+    return dict(query=query, key_cache=key_cache, value_cache=value_cache, block_table=block_table,
+                query_start_loc=torch.tensor(starts, dtype=torch.int32), seq_lens=torch.tensor(lens, dtype=torch.int32),
+                query_start_loc_host=starts, seq_lens_host=lens)
+
+
+@pytest.mark.parametrize("variant", ["causal", "sliding_window", "sinks"])
+def test_paged_attention_matches_reference(variant):
+    args = _paged_batch()
+    extra = {"sliding_window": 3} if variant == "sliding_window" else {}
+    if variant == "sinks":
+        extra["sinks"] = torch.randn(4, generator=_gen(1))
+    got = npu_backend.paged_attention(**args, scale=0.3, **extra)
+    want = ref.paged_attention(**args, scale=0.3, **extra)
+    torch.testing.assert_close(got, want, **TOL)
+    assert fake.calls() == {"npu_fused_infer_attention_score_v2": 1}
+    assert npu_usage.snapshot()["fallbacks"] == {}
+
+
+def test_non_contiguous_cache_falls_back_and_is_counted():
+    args = _paged_batch()
+    packed = torch.cat([args["key_cache"], args["value_cache"]], dim=-1)
+    args["key_cache"], args["value_cache"] = packed[..., :8], packed[..., 8:]
+    got = npu_backend.paged_attention(**args, scale=0.3)
+    torch.testing.assert_close(got, ref.paged_attention(**args, scale=0.3), **TOL)
+    usage = npu_usage.snapshot()
+    assert usage["fallbacks"] == {"paged_attention": 1} and "not contiguous" in usage["fallback_reasons"][
+        "paged_attention"]
+    assert fake.calls() == {}
+
+
+def test_cache_write_matches_reference():
+    g = _gen(2)
+    key, value = torch.randn(5, 2, 8, generator=g), torch.randn(5, 2, 8, generator=g)
+    slots = torch.tensor([0, 3, 4, 13, 22], dtype=torch.int64)  # block edges: slot 3 ends block 0, 4 starts block 1
+    caches = [torch.zeros(6, 4, 2, 8) for _ in range(4)]
+    npu_backend.reshape_and_cache(key, value, caches[0], caches[1], slots)
+    ref.reshape_and_cache(key, value, caches[2], caches[3], slots)
+    assert torch.equal(caches[0], caches[2]) and torch.equal(caches[1], caches[3])
+    latent, rope = torch.randn(5, 16, generator=g), torch.randn(5, 4, generator=g)
+    mla = [torch.zeros(6, 4, 1, 16), torch.zeros(6, 4, 1, 4), torch.zeros(6, 4, 1, 16), torch.zeros(6, 4, 1, 4)]
+    npu_backend.reshape_and_cache_mla(latent, rope, mla[0], mla[1], slots)
+    ref.reshape_and_cache_mla(latent, rope, mla[2], mla[3], slots)
+    assert torch.equal(mla[0], mla[2]) and torch.equal(mla[1], mla[3])
+    assert fake.calls() == {"_npu_reshape_and_cache": 2}
+
+
+def _mla_caches(seed=3):
+    g = _gen(seed)
+    return (torch.randn(8, 4, 1, 16, generator=g), torch.randn(8, 4, 1, 4, generator=g),
+            torch.tensor([[2, 5, 0], [7, 1, 3]], dtype=torch.int32), torch.tensor([9, 4], dtype=torch.int32))
+
+
+def test_mla_decode_and_gather_match_reference():
+    latent, rope, table, lens = _mla_caches()
+    g = _gen(4)
+    q_nope, q_rope = torch.randn(2, 3, 16, generator=g), torch.randn(2, 3, 4, generator=g)
+    got = npu_backend.mla_decode_attention(q_nope, q_rope, latent, rope, table, lens, scale=0.25)
+    torch.testing.assert_close(got, ref.mla_decode_attention(q_nope, q_rope, latent, rope, table, lens, scale=0.25),
+                               **TOL)
+    got_latent, got_rope = npu_backend.gather_mla_cache(latent, rope, table, lens)
+    want_latent, want_rope = ref.gather_mla_cache(latent, rope, table, lens)
+    assert torch.equal(got_latent, want_latent) and torch.equal(got_rope, want_rope)
+    # key/value given: the dispatcher binds the out= overload
+    assert fake.calls() == {"npu_fused_infer_attention_score": 1, "npu_paged_cache_load.out": 1}
+
+
+def test_mla_prefill_and_attention_with_lse_and_merge_match_reference():
+    g = _gen(5)
+    starts, kv_starts = [0, 3, 5], [0, 4, 9]
+    q, k_nope = torch.randn(6, 2, 8, generator=g), torch.randn(9, 2, 8, generator=g)
+    k_rope, v = torch.randn(9, 4, generator=g), torch.randn(9, 2, 8, generator=g)
+    qsl, ksl = torch.tensor(starts), torch.tensor(kv_starts)
+    q_full = torch.randn(6, 2, 12, generator=g)
+    got = npu_backend.mla_prefill_attention(q_full, k_nope, k_rope, v, qsl, ksl, scale=0.3)
+    torch.testing.assert_close(got, ref.mla_prefill_attention(q_full, k_nope, k_rope, v, qsl, ksl, scale=0.3), **TOL)
+    k = torch.randn(9, 2, 8, generator=g)
+    parts = []
+    for causal in (True, False):
+        got_out, got_lse = npu_backend.attention_with_lse(q, k, v, qsl, ksl, scale=0.3, causal=causal)
+        want_out, want_lse = ref.attention_with_lse(q, k, v, qsl, ksl, scale=0.3, causal=causal)
+        torch.testing.assert_close(got_out, want_out, **TOL)
+        torch.testing.assert_close(got_lse[:5], want_lse[:5], **TOL)
+        parts.append((got_out[:5], got_lse[:5]))
+    merged, total = npu_backend.merge_attention_states([p[0] for p in parts], [p[1] for p in parts])
+    want_merged, want_total = ref.merge_attention_states([p[0] for p in parts], [p[1] for p in parts])
+    torch.testing.assert_close(merged, want_merged, **TOL)
+    torch.testing.assert_close(total, want_total, **TOL)
+    assert fake.calls() == {"npu_fused_infer_attention_score": 3, "npu_attention_update": 1}
+
+
+def test_paged_attention_with_lse_matches_reference():
+    args = _paged_batch(seed=6)
+    got_out, got_lse = npu_backend.paged_attention_with_lse(**args, scale=0.3)
+    want_out, want_lse = ref.paged_attention_with_lse(**args, scale=0.3)
+    torch.testing.assert_close(got_out, want_out, **TOL)
+    torch.testing.assert_close(got_lse[:9], want_lse[:9], **TOL)
+
+
+@pytest.mark.parametrize("is_neox", [True, False])
+def test_rotary_norms_and_swiglu_match_reference(is_neox):
+    g = _gen(7)
+    positions = torch.tensor([0, 5, 17, 3])
+    cache = torch.randn(32, 8, generator=g)
+    q, k = torch.randn(4, 3, 8, generator=g), torch.randn(4, 1, 8, generator=g)
+    q2, k2 = q.clone(), k.clone()
+    npu_backend.rotary_embedding(positions, q, k, cache, head_size=8, rotary_dim=8, is_neox=is_neox)
+    ref.rotary_embedding(positions, q2, k2, cache, head_size=8, rotary_dim=8, is_neox=is_neox)
+    torch.testing.assert_close(q, q2, **TOL)
+    torch.testing.assert_close(k, k2, **TOL)
+    x, res, w = torch.randn(4, 16, generator=g), torch.randn(4, 16, generator=g), torch.randn(16, generator=g)
+    torch.testing.assert_close(npu_backend.rms_norm(x, w, 1e-6), ref.rms_norm(x, w, 1e-6), **TOL)
+    for got, want in zip(npu_backend.rms_norm(x, w, 1e-6, res), ref.rms_norm(x, w, 1e-6, res), strict=True):
+        torch.testing.assert_close(got, want, **TOL)
+    torch.testing.assert_close(npu_backend.silu_and_mul(x), ref.silu_and_mul(x), **TOL)
+    assert fake.calls() == {"_npu_rotary_embedding": 1, "npu_rms_norm": 1, "npu_add_rms_norm": 1, "npu_swiglu": 1}
+
+
+def test_partial_rotary_falls_back_visibly():
+    q, k = torch.randn(2, 2, 8), torch.randn(2, 1, 8)
+    npu_backend.rotary_embedding(torch.tensor([0, 1]), q, k, torch.randn(4, 4), head_size=8, rotary_dim=4,
+                                 is_neox=True)
+    assert npu_usage.snapshot()["fallbacks"] == {"rotary_embedding": 1} and fake.calls() == {}
+
+
+@pytest.mark.parametrize("case", ["softmax", "sigmoid_bias_grouped", "sigmoid_no_renorm", "scaled"])
+def test_moe_routing_matches_reference(case):
+    logits = torch.randn(5, 24, generator=_gen(8))
+    kwargs = {
+        "softmax": dict(scoring_func="softmax", renormalize=True),
+        "sigmoid_bias_grouped": dict(scoring_func="sigmoid", renormalize=True, num_expert_group=4, topk_group=2,
+                                     e_score_correction_bias=torch.randn(24, generator=_gen(9))),
+        "sigmoid_no_renorm": dict(scoring_func="sigmoid", renormalize=False),
+        "scaled": dict(scoring_func="softmax", renormalize=False, routed_scaling_factor=2.5),
+    }[case]
+    got_w, got_ids = npu_backend.moe_gating_topk(logits, 3, **kwargs)
+    want_w, want_ids = ref.moe_gating_topk(logits, 3, **kwargs)
+    assert torch.equal(got_ids, want_ids)
+    torch.testing.assert_close(got_w, want_w, **TOL)
+    assert fake.calls() == {"npu_moe_gating_top_k": 1} and npu_usage.snapshot()["fallbacks"] == {}
+    w, ids = npu_backend.topk_softmax(logits, 2, True)
+    rw, rids = ref.topk_softmax(logits, 2, True)
+    assert torch.equal(ids, rids)
+    torch.testing.assert_close(w, rw, **TOL)
+
+
+def test_sqrtsoftplus_routing_falls_back_visibly():
+    npu_backend.moe_gating_topk(torch.randn(2, 12), 2, scoring_func="sqrtsoftplus")
+    assert npu_usage.snapshot()["fallbacks"] == {"moe_gating_topk": 1}
+
+
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_fused_moe_matches_reference_including_dropped_pairs(with_bias):
+    g = _gen(10)
+    x = torch.randn(6, 8, generator=g)
+    w13, w2 = torch.randn(4, 12, 8, generator=g), torch.randn(4, 8, 6, generator=g)
+    ids = torch.tensor([[0, 2], [3, -1], [2, 2], [1, 0], [-1, -1], [3, 1]], dtype=torch.int32)
+    weights = torch.rand(6, 2, generator=g)
+    bias = dict(w13_bias=torch.randn(4, 12, generator=g), w2_bias=torch.randn(4, 8, generator=g)) if with_bias else {}
+    got = npu_backend.fused_moe(x, w13, w2, weights, ids, **bias)
+    torch.testing.assert_close(got, ref.fused_moe(x, w13, w2, weights, ids, **bias), atol=1e-4, rtol=1e-4)
+    assert fake.calls() == {"npu_moe_init_routing_v2": 1, "npu_grouped_matmul": 2, "npu_swiglu": 1,
+                            "npu_moe_token_unpermute": 1}
+
+
+def test_sampling_filter_matches_reference_filter():
+    g = _gen(11)
+    logits = torch.randn(4, 50, generator=g)
+    top_k = torch.tensor([5, 0, 50, 12])
+    top_p = torch.tensor([0.9, 0.5, 1.0, 0.3])
+    seed = 123
+    got = npu_backend.sample(logits, torch.tensor([1.0, 0.7, 0.0, 1.3]), top_k, top_p, _gen(seed))
+    want = ref.sample(logits, torch.tensor([1.0, 0.7, 0.0, 1.3]), top_k, top_p, _gen(seed))
+    assert torch.equal(got, want)
+    assert fake.calls() == {"npu_top_k_top_p": 1}
+
+
+def test_facade_selects_npu_over_the_fake(monkeypatch):
+    npu_probe.torch_npu_status.cache_clear()
+    monkeypatch.setattr(registry._STATE, "loaded", {})
+    assert npu_probe.torch_npu_status().usable
+    x, w = torch.randn(2, 8), torch.ones(8)
+    with ascend_kernels.use_backend("npu"):
+        ascend_kernels.ops.rms_norm(x, w, 1e-6)
+    assert fake.calls() == {"npu_rms_norm": 1} and npu_usage.snapshot()["npu_ops"] == {"npu_rms_norm": 1}
