@@ -88,3 +88,20 @@ def test_scan_suggest_drafts_a_pin_for_an_unpinned_symbol(tmp_path):
 def test_fetch_refuses_what_is_not_a_release_by_name():
     out = _run("fetch", "latest-main")
     assert out.returncode == 2 and "not a release version: 'latest-main'" in out.stderr, out.stderr
+
+
+def test_torch_npu_call_sites_and_pins_hold_on_the_pinned_and_the_next_release():
+    """`contracts check --torch-npu` as a user runs it: the wheel fetched (cached), every pinned op and every call
+    site of the NPU backend held to that release's schemas."""
+    pins = ROOT / "packages/ascend-kernels/src/ascend_kernels/torch_npu_pins.toml"
+    generated = _run("pin-torch-npu")
+    assert generated.returncode == 0, generated.stdout[-3000:] + generated.stderr[-3000:]
+    assert pins.read_text() in generated.stdout  # the committed pins are what the generator writes
+    for release in ("2.13.0", "2.14.0"):
+        out = _run("check", "--torch-npu", release, "--json")
+        assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+        report = _json(out.stdout)
+        assert report["torch_npu_version"] == release and report["calls_checked"] >= 20, report
+        assert report["findings"] == [] and report["uncovered"] == [] and report["blocking"] == 0, report
+    table = _run("check", "--torch-npu", "2.13.0")
+    assert table.returncode == 0 and "0 blocking" in table.stdout, table.stdout[-2000:]
