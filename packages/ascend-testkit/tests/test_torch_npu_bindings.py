@@ -160,6 +160,22 @@ def test_rotary_norms_and_swiglu_match_reference(is_neox):
     assert fake.calls() == {"_npu_rotary_embedding": 1, "npu_rms_norm": 1, "npu_add_rms_norm": 1, "npu_swiglu": 1}
 
 
+def test_rotary_of_q_and_k_split_from_a_fused_projection_runs_the_kernel_in_place():
+    """vLLM's q and k are strided views of one qkv row: rotated as dense copies, written back into the views."""
+    g = _gen(8)
+    positions = torch.tensor([0, 5, 17])
+    cache = torch.randn(32, 8, generator=g)
+    qkv = torch.randn(3, (3 + 1 + 1) * 8, generator=g)
+    expected = qkv.clone()
+    views = [t.view(3, -1, 8) for t in qkv.split([24, 8, 8], dim=-1)[:2]]
+    ref_views = [t.view(3, -1, 8) for t in expected.split([24, 8, 8], dim=-1)[:2]]
+    assert not views[0].is_contiguous()
+    npu_backend.rotary_embedding(positions, *views, cache, head_size=8, rotary_dim=8, is_neox=True)
+    ref.rotary_embedding(positions, *ref_views, cache, head_size=8, rotary_dim=8, is_neox=True)
+    torch.testing.assert_close(qkv, expected, **TOL)
+    assert fake.calls() == {"_npu_rotary_embedding": 1} and npu_usage.snapshot()["fallbacks"] == {}
+
+
 def test_partial_rotary_falls_back_visibly():
     q, k = torch.randn(2, 2, 8), torch.randn(2, 1, 8)
     npu_backend.rotary_embedding(torch.tensor([0, 1]), q, k, torch.randn(4, 4), head_size=8, rotary_dim=4,

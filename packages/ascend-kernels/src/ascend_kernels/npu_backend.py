@@ -260,8 +260,9 @@ def paged_attention(query, key_cache, value_cache, block_table, query_start_loc,
     # The kernel takes lengths at launch: the caller's host lists (built once per step), else one read-back each.
     starts = _host(query_start_loc_host, query_start_loc)
     num_q = starts[-1]
+    # FIA takes dense q/k/v: a query split from vLLM's fused qkv projection is a strided view.
     result, _ = _npu().npu_fused_infer_attention_score_v2(
-        query[:num_q], _flat_blocks(key_cache), _flat_blocks(value_cache),
+        query[:num_q].contiguous(), _flat_blocks(key_cache), _flat_blocks(value_cache),
         num_query_heads=query.shape[1], num_key_value_heads=hkv, input_layout="TND", softmax_scale=scale,
         block_table=block_table.to(torch.int32), block_size=bs, actual_seq_qlen=list(starts[1:]),
         actual_seq_kvlen=_host(seq_lens_host, seq_lens), **kwargs)
@@ -278,8 +279,8 @@ def mla_decode_attention(q_nope_absorbed, q_rope, latent_cache, rope_cache, bloc
     b, h, r = q_nope_absorbed.shape
     latent = _flat_blocks(latent_cache)
     result, _ = _npu().npu_fused_infer_attention_score(
-        q_nope_absorbed.view(b, h, 1, r), latent, latent,
-        query_rope=q_rope.reshape(b, h, 1, -1), key_rope=_flat_blocks(rope_cache), num_heads=h,
+        q_nope_absorbed.contiguous().view(b, h, 1, r), latent, latent,
+        query_rope=q_rope.contiguous().view(b, h, 1, -1), key_rope=_flat_blocks(rope_cache), num_heads=h,
         num_key_value_heads=1, input_layout="BNSD", scale=scale, block_table=block_table.to(torch.int32),
         block_size=latent_cache.shape[1], actual_seq_lengths_kv=_host(seq_lens_host, seq_lens))
     result = result.view(b, h, r)
@@ -311,7 +312,7 @@ def mla_prefill_attention(q, k_nope, k_rope, v, query_start_loc, kv_start_loc, *
     starts = _host(query_start_loc_host, query_start_loc)
     num_q = starts[-1]
     result, _ = _npu().npu_fused_infer_attention_score(
-        q[:num_q], k, v, num_heads=h, num_key_value_heads=h, input_layout="TND",
+        q[:num_q].contiguous(), k, v.contiguous(), num_heads=h, num_key_value_heads=h, input_layout="TND",
         scale=scale, atten_mask=_causal_mask(str(q.device)), sparse_mode=_SPARSE_CAUSAL,
         actual_seq_lengths=starts[1:], actual_seq_lengths_kv=_host(kv_start_loc_host, kv_start_loc)[1:])
     return _copy_rows(result, num_q, t, h, v.shape[2], out, q)
@@ -321,16 +322,20 @@ def rotary_embedding(positions, query, key, cos_sin_cache, *, head_size, rotary_
     reason = None
     if rotary_dim != head_size:
         reason = f"partial rotary (rotary_dim {rotary_dim} < head_size {head_size}): the ATB rope rotates whole heads"
-    elif not query.is_contiguous() or (key is not None and not key.is_contiguous()):
-        reason = "query or key is not contiguous; the ATB rope rotates in place over contiguous rows"
     if reason is not None:
         npu_usage.record_fallback("rotary_embedding", reason)
         return reference.rotary_embedding(
             positions, query, key, cos_sin_cache, head_size=head_size, rotary_dim=rotary_dim, is_neox=is_neox)
     t = positions.shape[0]
-    q2 = query.view(t, -1)
-    k2 = key.view(t, -1) if key is not None else torch.empty_like(q2)
+    # The ATB rope rotates dense [tokens, heads*dim] rows in place; q/k split from a fused qkv projection are strided
+    # views, rotated as dense copies and written back.
+    q2 = query.contiguous().view(t, -1)
+    k2 = key.contiguous().view(t, -1) if key is not None else torch.empty_like(q2)
     _npu()._npu_rotary_embedding(positions, q2, k2, head_size, cos_sin_cache.to(query.dtype), is_neox)
+    if q2.data_ptr() != query.data_ptr():
+        query.copy_(q2.view(query.shape))
+    if key is not None and k2.data_ptr() != key.data_ptr():
+        key.copy_(k2.view(key.shape))
     return query, key
 
 
