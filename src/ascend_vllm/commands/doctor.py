@@ -10,6 +10,8 @@ import os
 import sys
 from typing import Any
 
+from ascend_vllm.commands import _doctor_kernels as doctor_kernels
+
 HELP = ("Report torch, torch_npu, CANN, vLLM and its probed lane, Mooncake, the entry points vLLM sees, and whether "
         "the simulated-NPU lane can run Model Runner V2.")
 
@@ -155,6 +157,7 @@ def collect() -> dict[str, Any]:
         "mooncake": _mooncake(),
         "entry_points": _entry_points(),
         "mrv2_simulated": _mrv2(),
+        "kernels": doctor_kernels.collect(),
         "simulated_npu": {"ok": True, "enabled": simulate_requested(),
                           "detail": f"{SIMULATE_ENV}={os.environ.get(SIMULATE_ENV, '')!r}"},
     }
@@ -191,6 +194,7 @@ def render(report: dict[str, Any]) -> str:
     lines.append(f"{_mark(r['ok'])}MRV2 in the simulated lane: {r['detail']}; runner: {r['runner']}")
     for name, problem in r["patches"].items():
         lines.append(f"      {_mark(problem is None)}patch {name}{'' if problem is None else ': ' + problem}")
+    lines.extend(doctor_kernels.render(report["kernels"]))
     return "\n".join(lines)
 
 

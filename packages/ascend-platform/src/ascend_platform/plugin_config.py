@@ -43,7 +43,9 @@ class AscendConfig(BaseModel):
         "auto", description="KV backing: 'shared' consumes vLLM's one backing buffer, 'private' gives each layer "
         "its own buffers; 'auto' is private on 310P, shared elsewhere.")
     kernel_backend: Literal["auto", "reference", "npu"] = Field(
-        "auto", description="ascend_kernels backend: 'auto' is npu on a device and reference in the simulated lane.")
+        "auto", description="ascend_kernels backend: 'auto' is npu on a device and reference in the simulated lane; "
+        "'npu' in the simulated lane needs a usable torch_npu in every engine process (the testkit's, "
+        "ASCEND_TESTKIT_TORCH_NPU=1) and stops start-up with the reason otherwise.")
     kernel_checks: bool = Field(
         False, description="Check every ascend_kernels call's arguments (shapes, dtypes, devices); off on the hot "
         "path by default.")

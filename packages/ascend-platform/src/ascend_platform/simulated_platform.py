@@ -66,10 +66,18 @@ class SimulatedNPUPlatform(AscendPlatformBase, CpuPlatform):
 
     @classmethod
     def kernel_backend(cls, ascend: AscendConfig) -> str:
-        if ascend.kernel_backend == "npu":
-            raise AscendConfigError("Invalid Ascend additional_config: bad value 'npu' for key 'kernel_backend' "
-                                    "(the simulated lane has no NPU; allowed: 'auto', 'reference')")
-        return "reference"
+        """'auto' is the reference kernels here. 'npu' runs the torch_npu bindings on the CPU when this process has a
+        usable torch_npu (the testkit's schema-faithful one: `ASCEND_TESTKIT_TORCH_NPU=1`); asked in the main process
+        at config time and again by each worker, so a process without one stops at start-up with the reason."""
+        if ascend.kernel_backend != "npu":
+            return "reference"
+        import ascend_kernels
+
+        refused = ascend_kernels.available_backends()["npu"]
+        if refused is not None:
+            raise AscendConfigError(f"Invalid Ascend additional_config: bad value 'npu' for key 'kernel_backend' "
+                                    f"({refused}; allowed: 'auto', 'reference')")
+        return "npu"
 
 
 def _nothing_to_empty() -> None:

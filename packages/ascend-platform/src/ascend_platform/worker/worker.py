@@ -119,8 +119,12 @@ class AscendWorkerMixin:
         self.sleep_controller.wake_up(tags)
 
     def ascend_usage(self) -> dict[str, Any]:
-        """What ran in this worker: counters from our parts, the runner, allocator and kernel backend."""
+        """What ran in this worker: counters from our parts, the runner, allocator and kernel backend; with the npu
+        kernel backend, the torch_npu ops it called and the facade ops that fell back to the reference (and why)."""
+        from ascend_kernels import npu_usage
+
         report = usage.snapshot()
+        report.update(npu_usage.snapshot())
         report["sleep"] = self.sleep_controller.state()
         layers = self.model_runner.compilation_config.static_forward_context.values()
         attn = {type(getattr(layer, "impl", None)).__qualname__ for layer in layers}
