@@ -1,0 +1,135 @@
+"""The NPU-kernel suite's engines: `ascend_kernels`' torch_npu bindings inside real vLLM engines, over the testkit's
+schema-faithful torch_npu (`ASCEND_TESTKIT_TORCH_NPU=1`: its ops registered with the 2.13.0 wheel's schemas, their
+outputs held to the wheel's meta functions), against the reference kernels in the same lane.
+
+Two hosts of their own ("npu-v1", "npu-v2": the fake is per process, installed by the testkit's vLLM general plugin
+before the engine's first config), each running its engines one after another: every model once with
+`kernel_backend="npu"` and once with the default (`auto`, which stays the reference kernels in the simulated lane
+even with a torch_npu present). Models: a tiny GQA Llama (4 query heads over 2 KV heads), DeepSeek-V2 (MLA), DeepSeek
+V3.2 (sparse attention) and Qwen3-MoE (GQA 2:1, softmax top-2 of 8 experts); the Llama on both runners, the others
+on one each. Chunked prefill over 128-token blocks (a 64-token budget): prompts inside, at and across a block edge,
+long ones arriving in chunks that continue a cached context, decodes sharing steps with prefill chunks.
+
+`npu_runs[(model, runner, backend)]` runs an engine on first use and keeps its outputs (top-5 logprobs) and what its
+generation alone ran (the host's counters are process-wide): our usage counts, the torch_npu ops the bindings called,
+the fallbacks, and the fake's own per-op call counts.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from ascend_testkit.compare import check_logprobs_close
+
+FAKE_ENV = {"ASCEND_TESTKIT_TORCH_NPU": "1"}
+PLUGIN = "ascend_testkit.torch_npu_plugin:install_if_requested"
+# Around the edges of 128-token blocks (torch_npu's paged attention takes a query longer than one token only over
+# blocks of a multiple of 128), arriving in chunks of a 64-token budget.
+PROMPT_LENGTHS = (5, 127, 128, 129, 200)
+MAX_TOKENS = 12
+LOGPROBS = 5
+# bfloat16: torch_npu's cache and attention kernels take float16 / bfloat16 (and int8), not float32.
+ENGINE = dict(dtype="bfloat16", max_model_len=256, enforce_eager=True, max_num_seqs=4, seed=0, block_size=128,
+              max_num_batched_tokens=64, enable_chunked_prefill=True, enable_prefix_caching=False)
+BACKENDS = {"npu": {"kernel_backend": "npu", "kernel_checks": True}, "auto": {"kernel_checks": True}}
+PROBES = "ascend_testkit.torch_npu_probes:"
+
+
+@pytest.fixture(scope="session")
+def npu_models(cache_root) -> dict[str, str]:
+    from ascend_testkit.models.deepseek import TinyDeepseekSpec, cached_tiny_deepseek
+    from ascend_testkit.models.moe import TinyMoeSpec, cached_tiny_qwen3_moe
+    from ascend_testkit.models.tiny_llama import TinyModelSpec, cached_tiny_llama
+
+    folder = cache_root / "models"
+    # DeepSeek's own head sizes (q/k 128 + 64 rope, v 128): torch_npu's attention without pages takes q/k/v head sizes
+    # (128, 128), (192, 128) or (192, 192) only. The V3.2 and Qwen3-MoE specs are the MLA and MoE suites' (the same
+    # cached checkpoints).
+    deepseek_v2 = TinyDeepseekSpec(qk_nope_head_dim=128, v_head_dim=128)
+    v32 = TinyDeepseekSpec(model_type="deepseek_v32", q_lora_rank=32, index_topk=16, index_n_heads=4,
+                           index_head_dim=128)
+    return {"llama": str(cached_tiny_llama(TinyModelSpec(num_heads=4, num_kv_heads=2), folder)),
+            "deepseek_v2": str(cached_tiny_deepseek(deepseek_v2, folder)),
+            "deepseek_v32": str(cached_tiny_deepseek(v32, folder)),
+            "qwen3_moe": str(cached_tiny_qwen3_moe(TinyMoeSpec(route_skew=2.0), folder))}
+
+
+@pytest.fixture(scope="session")
+def npu_prompts() -> list[str]:
+    from ascend_testkit.models.tiny_llama import prompt_of_length
+
+    return [prompt_of_length(n, offset=3 * n) for n in PROMPT_LENGTHS]
+
+
+def npu_host(host_pool, runner: str, name: str = "npu", env: dict[str, str] | None = None):
+    """The suite's host of `runner` with the testkit's torch_npu in its process (vLLM's general plugin installs it:
+    the testkit's entry point must be installed, which `uv sync` does)."""
+    from importlib.metadata import entry_points
+
+    if PLUGIN not in [ep.value for ep in entry_points(group="vllm.general_plugins")]:
+        pytest.fail(f"vLLM sees no general plugin {PLUGIN} (the testkit's entry point): run `uv sync`")
+    return host_pool.get(f"{name}-{runner}", lane="simulated", runner=runner, env=FAKE_ENV | (env or {}))
+
+
+def _delta(now: dict, then: dict) -> dict:
+    return {k: v - then.get(k, 0) for k, v in now.items() if v != then.get(k, 0)}
+
+
+class NpuRuns:
+    def __init__(self, host_pool, models, prompts) -> None:
+        self.pool, self.models, self.prompts = host_pool, models, prompts
+        self.results: dict[tuple[str, str, str], dict | Exception] = {}
+
+    def __getitem__(self, key: tuple[str, str, str]) -> dict:
+        if key not in self.results:
+            try:
+                self.results[key] = self._run(*key)
+            except Exception as exc:  # every test of this engine fails with it; none starts it again
+                self.results[key] = exc
+        result = self.results[key]
+        if isinstance(result, Exception):
+            raise result
+        return result
+
+    def _snapshot(self, host) -> dict:
+        usage = host.usage()[0]
+        return {"usage": usage, "fake_calls": host.rpc(PROBES + "fake_calls")[0]}
+
+    def _run(self, model: str, runner: str, backend: str) -> dict:
+        host = npu_host(self.pool, runner)
+        started = host.start(self.models[model], **(ENGINE | {"additional_config": BACKENDS[backend]}))
+        try:
+            before = self._snapshot(host)
+            outputs = host.generate(self.prompts, max_tokens=MAX_TOKENS, logprobs=LOGPROBS)["outputs"]
+            after = self._snapshot(host)
+        finally:
+            host.stop()
+        usage = after["usage"]
+        return {"startup_s": started["startup_s"], "outputs": outputs, "facts": usage["facts"],
+                "counts": _delta(usage["counts"], before["usage"]["counts"]),
+                "npu_ops": _delta(usage["npu_ops"], before["usage"]["npu_ops"]),
+                "fallbacks": _delta(usage["fallbacks"], before["usage"]["fallbacks"]),
+                "fallback_reasons": usage["fallback_reasons"],
+                "fake_calls": _delta(after["fake_calls"], before["fake_calls"])}
+
+
+@pytest.fixture(scope="session")
+def npu_engine() -> dict:
+    """The suite's engine arguments."""
+    return dict(ENGINE)
+
+
+@pytest.fixture(scope="session")
+def npu_hosts(host_pool):
+    """`npu_hosts(runner, name="npu", env=None)`: a host with the testkit's torch_npu (see `npu_host`)."""
+    return lambda runner, name="npu", env=None: npu_host(host_pool, runner, name, env)
+
+
+@pytest.fixture(scope="module")
+def npu_runs(host_pool, npu_models, npu_prompts) -> NpuRuns:
+    return NpuRuns(host_pool, npu_models, npu_prompts)
+
+
+@pytest.fixture(scope="session")
+def logprobs_close():
+    return check_logprobs_close
