@@ -15,8 +15,8 @@ ROOT = Path(__file__).resolve().parents[2]
 CLI = shutil.which("ascend-vllm") or str(Path(sys.executable).with_name("ascend-vllm"))
 
 
-def _run(*args: str) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if k != "ASCEND_VLLM_SIMULATE"} | reach_env()
+def _run(*args: str, **extra_env: str) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k != "ASCEND_VLLM_SIMULATE"} | reach_env() | extra_env
     return subprocess.run([CLI, "contracts", *args], capture_output=True, text=True, timeout=600, env=env, cwd=ROOT)
 
 
@@ -90,10 +90,18 @@ def test_fetch_refuses_what_is_not_a_release_by_name():
     assert out.returncode == 2 and "not a release version: 'latest-main'" in out.stderr, out.stderr
 
 
-def test_torch_npu_call_sites_and_pins_hold_on_the_pinned_and_the_next_release():
+def test_torch_npu_call_sites_and_pins_hold_on_the_pinned_and_the_next_release(tmp_path):
     """`contracts check --torch-npu` as a user runs it: the wheel fetched (cached), every pinned op and every call
     site of the NPU backend held to that release's schemas."""
+    from ascend_core.contracts.torch_npu_wheel import open_torch_npu_wheel
+
     pins = ROOT / "packages/ascend-kernels/src/ascend_kernels/torch_npu_pins.toml"
+    # A wheel cache holding the wheel alone (no parsed-schema sidecar): the CLI reads the schemas from the wheel's
+    # libraries itself, as it does the first time on a machine.
+    shutil.copy(open_torch_npu_wheel("2.13.0").path, tmp_path)
+    fresh = _run("check", "--torch-npu", "2.13.0", "--json", ASCEND_VLLM_WHEELS=str(tmp_path))
+    assert fresh.returncode == 0 and _json(fresh.stdout)["findings"] == [], fresh.stdout[-3000:] + fresh.stderr[-3000:]
+    assert list(tmp_path.glob("*.schemas.json")), "the CLI parsed the wheel and left its sidecar"
     generated = _run("pin-torch-npu")
     assert generated.returncode == 0, generated.stdout[-3000:] + generated.stderr[-3000:]
     assert pins.read_text() in generated.stdout  # the committed pins are what the generator writes
