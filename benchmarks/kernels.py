@@ -77,18 +77,17 @@ def entry(op: str, dtype: torch.dtype, t: dict[str, float], baseline: str) -> di
     }
 
 
-def strided_caches(num_blocks: int, dtype: torch.dtype, layers: int = 2):
-    """K and V as the allocator builds them: per-layer strided views over one int8 backing (K|V packed per head)."""
+def allocator_caches(num_blocks: int, dtype: torch.dtype, layers: int = 2):
+    """K and V as the allocator builds them (the device KV layout, `ascend_core.kv.planes`): in one int8 backing, each
+    layer's region holds a dense K plane, then a dense V plane, each `[num_blocks, block_size, heads, dim]`."""
     elem = torch.empty((), dtype=dtype).element_size()
-    backing = torch.zeros(num_blocks * layers * HKV * BS * 2 * D * elem, dtype=torch.int8)
-    typed = backing.view(dtype).view(num_blocks, layers, HKV, BS, 2 * D)
-    k = typed[:, 0, :, :, :D].permute(0, 2, 1, 3)
-    v = typed[:, 0, :, :, D:].permute(0, 2, 1, 3)
-    return k, v
+    backing = torch.zeros(layers * 2 * num_blocks * BS * HKV * D * elem, dtype=torch.int8)
+    typed = backing.view(dtype).view(layers, 2, num_blocks, BS, HKV, D)
+    return typed[0, 0], typed[0, 1]
 
 
 class PagedCase:
-    """One batch on both sides: our strided caches and vLLM's CPU layout, holding the same K/V values."""
+    """One batch on both sides: our allocator's caches and vLLM's CPU layout, holding the same K/V values."""
 
     def __init__(self, dtype, q_lens: list[int], ctx_lens: list[int], seed: int = 0):
         from vllm import _custom_ops as vllm_ops
@@ -99,7 +98,7 @@ class PagedCase:
         self.vllm_ops, self.dtype = vllm_ops, dtype
         blocks = [-(-n // BS) for n in ctx_lens]
         self.num_blocks = sum(blocks) + 2
-        self.k, self.v = strided_caches(self.num_blocks, dtype)
+        self.k, self.v = allocator_caches(self.num_blocks, dtype)
         perm = torch.randperm(self.num_blocks, generator=gen)  # fragmented, as after some churn
         width = max(blocks)
         table = torch.zeros(len(ctx_lens), width, dtype=torch.int32)
