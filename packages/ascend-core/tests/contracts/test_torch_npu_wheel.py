@@ -1,7 +1,7 @@
 """The torch_npu wheel reader against the real torch_npu 2.13.0 wheel.
 
-The wheel comes from `/work/wheels` when it is there, else it is fetched from PyPI (43 MB) into the shared cache by
-the same code users run; nothing here is skipped.
+The wheel is fetched from PyPI (43 MB) into the wheel cache by the same code users run, once; nothing here is
+skipped.
 """
 
 from __future__ import annotations
@@ -13,16 +13,14 @@ import torch
 
 from ascend_core.contracts import torch_npu_wheel as tnw
 from ascend_core.contracts.torch_npu_wheel import TorchNpuWheelError, open_torch_npu_wheel
-from ascend_core.contracts.wheels import cache_dir, cached_wheel, fetch_wheel
+from ascend_core.contracts.wheels import cache_dir, fetch_wheel
 
 VERSION = "2.13.0"
-LOCAL = Path("/work/wheels")
 
 
 @pytest.fixture(scope="module")
 def wheel_file() -> Path:
-    folder = LOCAL if cached_wheel(VERSION, LOCAL, package="torch-npu") else cache_dir()
-    return fetch_wheel(VERSION, folder, package="torch-npu")
+    return fetch_wheel(VERSION, cache_dir(), package="torch-npu")
 
 
 @pytest.fixture(scope="module")
