@@ -38,7 +38,9 @@ LOG_PATTERNS = {
 ENGINES = {"plain": ("cpu", "v1"), "ascend": ("simulated", "v1"), "ascend_v2": ("simulated", "v2"),
            "plain_mla": ("cpu", "v1"), "ascend_mla": ("simulated", "v1")}
 MLA_ENGINES = ("plain_mla", "ascend_mla")
-EXTRA = {"plain_mla": {"compilation_config": {"custom_ops": ["none", "-rotary_embedding"]}}}
+# CPU_MLA named: on hosts with AMX tiles vLLM would pick AMX_MLA, which takes bf16 weights only.
+EXTRA = {"plain_mla": {"compilation_config": {"custom_ops": ["none", "-rotary_embedding"]},
+                       "attention_backend": "CPU_MLA"}}
 
 
 def log(msg: str) -> None:

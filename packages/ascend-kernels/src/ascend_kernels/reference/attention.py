@@ -122,13 +122,23 @@ def _gather_pages(tag: str, cache: torch.Tensor, blocks: torch.Tensor) -> torch.
     """cache[blocks] (blocks: `[n, nbk]` long) head-major, as `[n, heads, nbk * block_size, width]`.
 
     The keys one (request, head) attends to become one uniformly strided matrix, so a single batched matmul covers a
-    whole chunk with no re-layout of queries, scores or probabilities. The allocator's pages take one `index_select`
-    of whole (block, head) pages; any other layout an advanced-index gather through its strides (~4x slower).
+    whole chunk with no re-layout of queries, scores or probabilities. Head-major pages take one `index_select` of
+    whole (block, head) pages; token-major dense blocks an `index_select` of whole blocks and one copy to head-major;
+    any other layout an advanced-index gather through its strides (~4x slower).
     """
     n, nbk = blocks.shape
     _, bs, h, w = cache.shape
     heads = torch.arange(h, device=cache.device)
     pages = _page_rows(cache)
+    if pages is None and cache.stride(3) == 1 and cache.stride(2) == w and cache.stride(1) == h * w:
+        # Token-major blocks, each one dense run (the device KV layout's planes): gather whole blocks, then turn them
+        # head-major in one copy; 4-5x faster than the advanced-index gather (2 threads, 16 requests x 64 blocks of
+        # [16, 8, 128]: float32 12.9 vs 51.6 ms, bfloat16 5.5 vs 26.1 ms).
+        flat = _workspace(tag + "_tok", (n * nbk, bs, h, w), cache.dtype, cache.device)
+        torch.index_select(cache, 0, blocks.reshape(-1), out=flat)
+        dst = _workspace(tag, (n, h, nbk, bs, w), cache.dtype, cache.device)
+        dst.copy_(flat.view(n, nbk, bs, h, w).permute(0, 3, 1, 2, 4))
+        return dst.view(n, h, nbk * bs, w)
     if pages is None:
         return cache.permute(0, 2, 1, 3)[blocks[:, None, :], heads[None, :, None]].view(n, h, nbk * bs, w)
     rows, per_block, first = pages
