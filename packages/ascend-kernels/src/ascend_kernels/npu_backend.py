@@ -79,7 +79,7 @@ NPU_BINDINGS: dict[str, NpuBinding] = {
     "sample": NpuBinding(
         target="torch_npu.npu_top_k_top_p + reference sampling",
         kind="torch_npu",
-        note="the fused filter when both top_k and top_p are given",
+        note="the fused filter for top_k and/or top_p; top_k above 1024 runs the reference",
     ),
     "rejection_sample": NpuBinding(target="ascend_kernels.reference.rejection on the NPU device", kind="torch"),
     "compute_slot_mapping": NpuBinding(target="ascend_kernels.reference.batch_prep on the NPU device", kind="torch",
