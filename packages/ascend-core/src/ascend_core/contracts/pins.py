@@ -125,14 +125,19 @@ def _pin_from_table(table: dict[str, Any], where: str, package: str, source: str
     )
 
 
+def read_pins_toml(path: Path) -> dict:
+    """A pins file's TOML, or PinsError naming the file."""
+    try:
+        return tomllib.loads(path.read_text(encoding="utf-8"))
+    except tomllib.TOMLDecodeError as exc:
+        raise PinsError(f"{path}: not valid TOML: {exc}") from exc
+
+
 def load_pins(path: str | Path, package: str = "") -> list[Pin]:
     """Every pin in one file; `package` defaults to the folder the file sits in (the import name)."""
     path = Path(path)
     package = package or path.parent.name
-    try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except tomllib.TOMLDecodeError as exc:
-        raise PinsError(f"{path}: not valid TOML: {exc}") from exc
+    data = read_pins_toml(path)
     tables = data.get("pins", [])
     if not isinstance(tables, list):
         raise PinsError(f"{path}: 'pins' must be an array of tables ([[pins]])")

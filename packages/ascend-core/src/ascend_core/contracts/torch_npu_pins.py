@@ -13,14 +13,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from ascend_core.contracts.pins import PinsError, package_dir
+from ascend_core.contracts.pins import PinsError, package_dir, read_pins_toml
 from ascend_core.contracts.torch_npu_calls import OP_OWNERS, NpuCall, bound_parameters
 from ascend_core.contracts.torch_npu_schema import Schema, SchemaError, parse_schema
-
-try:
-    import tomllib
-except ModuleNotFoundError:  # Python 3.10
-    import tomli as tomllib  # type: ignore[no-redef]
 
 TORCH_NPU_PINS_FILE = "torch_npu_pins.toml"
 # The release the pins are generated from unless a pins file already names one.
@@ -111,10 +106,7 @@ def load_op_pins(path: str | Path, package: str | None = None) -> OpPins:
     """One `torch_npu_pins.toml`; `package` defaults to the folder the file sits in (the import name)."""
     path = Path(path)
     package = package or path.parent.name
-    try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except tomllib.TOMLDecodeError as exc:
-        raise PinsError(f"{path}: not valid TOML: {exc}") from exc
+    data = read_pins_toml(path)
     version = data.get("torch_npu")
     if not isinstance(version, str):
         raise PinsError(f"{path}: 'torch_npu' must name the release the schemas come from, got {version!r}")

@@ -69,9 +69,9 @@ def plane_geometry(split: PlaneSplit, num_blocks: int, block_size: int, num_head
 
 def cut_planes(region: torch.Tensor, geometry: PlaneGeometry) -> tuple[torch.Tensor, ...]:
     """The planes of a layer from any tensor whose first element is the region's first (same storage)."""
-    flat = region.as_strided((geometry.elements,), (1,)) if region.dtype == geometry.dtype else None
-    if flat is None:
+    if region.dtype != geometry.dtype:
         raise KVLayoutError(f"planes of dtype {geometry.dtype} cut from a {region.dtype} tensor")
+    flat = region.as_strided((geometry.elements,), (1,))
     return tuple(flat[o:o + _numel(s)].view(s) for s, o in zip(geometry.shapes, geometry.offsets, strict=True))
 
 
