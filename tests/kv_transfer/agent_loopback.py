@@ -1,6 +1,7 @@
 """Real Mooncake agents (producer and consumers) in one process, no vLLM: prints one JSON line of findings.
 
-Usage: `agent_loopback.py pull|broken|steps|layerwise`; run inside a loopback-only network namespace.
+Usage: `agent_loopback.py pull|broken|steps|layerwise|guarded SECRET_FILE`; run inside a loopback-only
+network namespace.
 """
 
 import json
@@ -254,5 +255,67 @@ def layerwise_mode():
     prod.close()
 
 
+def guarded_mode():
+    """A producer whose side channel has a secret: strangers get nothing, holders of the secret pull, and a router's
+    release frees an unclaimed transfer at once while a claimed one is left to its reader."""
+    from ascend_kv_transfer.p2p import schema
+    from ascend_kv_transfer.p2p.release import release_transfer
+    from ascend_kv_transfer.p2p.side_channel import SideChannelClient, SideChannelTimeout
+    from ascend_kv_transfer.p2p.side_channel_auth import SideChannelAuth
+
+    secret_file = sys.argv[2]
+    out = {}
+    prod, p_layers = agent("producer", 32900, 1, abort_timeout_s=30.0, side_channel_secret_file=secret_file)
+    prod.serve(32900)
+    address = ("127.0.0.1", 32900)
+    remote, local = list(range(10, 14)), list(range(0, 4))
+    stranger = SideChannelClient(0.5)
+    try:
+        stranger.request(address, schema.MetadataRequest(requester="stranger"))
+        out["stranger"] = "answered"
+    except SideChannelTimeout:
+        out["stranger"] = "no answer"
+    forged = SideChannelClient(0.5, auth=SideChannelAuth(b"not-the-secret-of-this-deployment"))
+    try:
+        forged.request(address, schema.ReleaseRequest(transfer_id="t0"))
+        out["forged"] = "answered"
+    except SideChannelTimeout:
+        out["forged"] = "no answer"
+    out["refused"] = prod.refused()
+    cons, c_layers = agent("consumer", 33000, 2, claim_wait_s=0.5, side_channel_secret_file=secret_file)
+    prod.hold("t1", "req1", [remote])
+    res = cons.pull(address, "t1", [local])
+    out["pull_ok"] = res.ok
+    out["bytes_equal"] = all(torch.equal(c_layers[n][local], p_layers[n][remote]) for n in c_layers)
+    time.sleep(0.05)
+    out["after_pull"] = sorted(prod.take_finished_sends())
+    auth = SideChannelAuth.from_file(secret_file)
+    params = {"do_remote_prefill": True, "transfer_id": "t2", "remote_host": "127.0.0.1", "remote_port": 32900,
+              "remote_workers": 1}
+    prod.hold("t2", "req2", [remote])
+    out["release_unclaimed"] = release_transfer(params, reason="decode failed", timeout_s=2.0, auth=auth)
+    out["after_release"] = sorted(prod.take_finished_sends())
+    out["late_claim"] = cons.pull(address, "t2", [local]).error
+    prod.hold("t3", "req3", [remote])
+    claimer = SideChannelClient(2.0, auth=auth)
+    claim = claimer.request(address, schema.ClaimRequest(transfer_id="t3", requester="decode"))
+    out["claimed"] = claim.status == schema.ClaimStatus.OK
+    out["release_claimed"] = release_transfer(params | {"transfer_id": "t3"}, reason="decode failed",
+                                              timeout_s=2.0, auth=auth)
+    out["held_claimed"] = prod.num_held()
+    out["release_early"] = release_transfer(params | {"transfer_id": "t4"}, reason="before the hold",
+                                            timeout_s=2.0, auth=auth)
+    prod.hold("t4", "req4", [remote])
+    out["after_early_hold"] = sorted(prod.take_finished_sends())
+    out["unsigned_release"] = release_transfer(params | {"transfer_id": "t3"}, reason="x", timeout_s=0.5)
+    out["stats"] = prod.stats.as_dict()
+    print(json.dumps(out), flush=True)
+    for c in (stranger, forged, claimer):
+        c.close()
+    cons.close()
+    prod.close()
+
+
 if __name__ == "__main__":
-    {"pull": pull_mode, "broken": broken_mode, "steps": steps_mode, "layerwise": layerwise_mode}[sys.argv[1]]()
+    {"pull": pull_mode, "broken": broken_mode, "steps": steps_mode, "layerwise": layerwise_mode,
+     "guarded": guarded_mode}[sys.argv[1]]()

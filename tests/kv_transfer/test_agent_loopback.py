@@ -17,10 +17,10 @@ SCRIPT = str(Path(__file__).parent / "agent_loopback.py")
 LAYERS = 4  # agent_loopback.LAYERS
 
 
-def _run(netns, mode: str, env: dict | None = None) -> dict:
+def _run(netns, mode: str, env: dict | None = None, args: tuple[str, ...] = ()) -> dict:
     import subprocess
 
-    out = subprocess.run(netns.command([sys.executable, SCRIPT, mode]), capture_output=True, timeout=120,
+    out = subprocess.run(netns.command([sys.executable, SCRIPT, mode, *args]), capture_output=True, timeout=120,
                          env=dict(os.environ, **(env or {})), check=False)
     assert out.returncode == 0, out.stderr.decode()[-3000:]
     return json.loads(out.stdout.decode().strip().splitlines()[-1])
@@ -76,3 +76,24 @@ def test_layerwise_writes_never_block_the_caller_wait_for_the_kv_and_isolate_pee
     assert r["slow_landed_after_gate"] and r["slow_bytes"]
     assert r["reports"] == [["fast", True, None], ["slow", True, None]]
     assert r["layer_pushes"] == 2 * LAYERS and r["writer_threads"] == 2
+
+
+def test_a_side_channel_with_a_secret_answers_only_its_holders_and_honours_a_release(netns, tmp_path):
+    secret = tmp_path / "side-channel.secret"
+    secret.write_text("8f1c0e5a4b7d2e9f6a3c1b0d5e7f9a2c\n")
+    r = _run(netns, "guarded", args=(str(secret),))
+    # Without the secret (or with another one) nothing is answered, not even the metadata; each refusal counted.
+    assert r["stranger"] == "no answer" and r["forged"] == "no answer"
+    assert r["refused"] == {"unsealed": 1, "bad_mac": 1}
+    assert r["pull_ok"] and r["bytes_equal"] and r["after_pull"] == ["req1"]
+    # A release frees an unclaimed transfer at once (not at the 30 s abort timeout); a late claim hears "expired".
+    assert list(r["release_unclaimed"].values()) == ["released"]
+    assert r["after_release"] == ["req2"]
+    assert "expired" in r["late_claim"]
+    # A claimed transfer is its reader's to free: the release leaves it held.
+    assert r["claimed"] and list(r["release_claimed"].values()) == ["kept (claimed)"] and r["held_claimed"] == 1
+    # A release before the hold frees the blocks the moment the hold lands.
+    assert list(r["release_early"].values()) == ["released"] and r["after_early_hold"] == ["req4"]
+    # An unsealed release is not answered: the transfer stays held.
+    assert list(r["unsigned_release"].values())[0].startswith("not released: no answer")
+    assert r["stats"]["released_by_request"] == 2

@@ -19,7 +19,9 @@ Start the servers with `ascend-vllm serve` and an AscendMooncakeConnector --kv-t
 Clients talk to the router as to one vLLM server (POST /v1/completions, /v1/chat/completions, streamed or not).
 GET /health is 200 while each role has a healthy server; GET /status shows every server's state and load.
 Errors: 502 (504 on a timeout) naming the failing server; 503 when a role has no healthy server or the queue is
-full; an upstream 4xx is returned as is. A stream that fails after it started ends with an error event."""
+full; an upstream 4xx is returned as is. A stream that fails after it started ends with an error event.
+When a decode leg fails before it read the KV, the router releases the prefill's held blocks over the prefill's
+side channel (so they do not wait out its abort timeout) and says so in the error."""
 
 _HELP = {
     "connect_timeout_s": "bound on opening a connection to a server",
@@ -32,6 +34,7 @@ _HELP = {
     "max_queued": "requests allowed to wait for a slot beyond --max-inflight (more: 503 at once)",
     "queue_timeout_s": "longest wait for a slot (then 503)",
     "keepalive_s": "idle upstream connections are closed after this (keep it below the servers' keep-alive)",
+    "release_timeout_s": "bound on releasing a prefill's held KV over its side channel after the decode leg failed",
 }
 
 
@@ -53,6 +56,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             parser.add_argument(option_name(f.name), dest=f.name, type=kind, default=f.default,
                                 metavar="N" if kind is int else "SECONDS",
                                 help=f"{_HELP[f.name]} (default {f.default:g})")
+    parser.add_argument("--side-channel-secret-file", default="", metavar="FILE",
+                        help="the file holding the secret the engines' side channels were given "
+                        "(kv_connector_extra_config side_channel_secret_file): needed to release a prefill's KV "
+                        "when they have one")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -60,7 +67,8 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         config = RouterConfig(prefill=tuple(args.prefill), decode=tuple(args.decode), host=args.host,
-                              port=args.port, **{name: getattr(args, name) for name in _HELP})
+                              port=args.port, side_channel_secret_file=args.side_channel_secret_file,
+                              **{name: getattr(args, name) for name in _HELP})
     except RouterConfigError as exc:
         print(f"ascend-vllm router: {exc}", file=sys.stderr)
         return 2

@@ -102,6 +102,7 @@ async def _disaggregated(request: Request, path: str) -> Response:
     headers |= {"content-type": "application/json", "x-request-id": request_id}
     out_headers = {"x-request-id": request_id}
     handed_over = False
+    params: dict | None = None
     try:
         prefill_url, params = await st.proxy.prefill(path, body, headers, transfer_id=f"router-{request_id}")
         out_headers["x-router-prefill"] = prefill_url
@@ -128,6 +129,8 @@ async def _disaggregated(request: Request, path: str) -> Response:
                 st.counters.completed += 1
             else:
                 st.counters.failed += 1
+                # The stream began, so a decode claimed the KV and its readers free it; this frees what it did not.
+                await st.proxy.release_prefill(params, "the decode stream failed")
 
         handed_over = True
         return _RelayResponse(relay, on_close, status_code=200, media_type="text/event-stream", headers=out_headers)
@@ -135,10 +138,18 @@ async def _disaggregated(request: Request, path: str) -> Response:
         st.counters.failed += 1
         if exc.server and exc.role:
             out_headers[f"x-router-{exc.role}"] = exc.server
+        if exc.role == "decode":
+            released = await st.proxy.release_prefill(params, exc.message)
+            if released:
+                exc = RouterError(exc.status, f"{exc.message}; {released}", exc.server, exc.role)
         return _error(exc, out_headers)
     except PassThrough as exc:
         st.counters.failed += 1
         out_headers[f"x-router-{exc.role}"] = exc.server
+        if exc.role == "decode":
+            released = await st.proxy.release_prefill(params, f"decode server answered {exc.status}")
+            if released:
+                out_headers["x-router-release"] = released
         return Response(exc.body, status_code=exc.status, media_type=exc.content_type, headers=out_headers)
     finally:
         if not handed_over:
@@ -181,6 +192,7 @@ async def status(request: Request) -> Response:
         "prefill": st.prefill.snapshot(), "decode": st.decode.snapshot(),
         "inflight": st.admission.inflight, "queued": st.admission.queued,
         "received": c.received, "completed": c.completed, "failed": c.failed, "rejected": c.rejected,
+        "kv_releases": dict(st.proxy.releases) if st.proxy is not None else {},
     })
 
 

@@ -49,6 +49,10 @@ class RouterConfig:
     queue_timeout_s: float = 60.0
     # Idle upstream connections are dropped before the servers' keep-alive (vLLM: 5 s) closes them under us.
     keepalive_s: float = 3.0
+    # When a decode leg fails, the prefill's held KV blocks are released over its side channel, each round trip
+    # bounded by this; the secret (a file) is the one the engines' side channels were given, if any.
+    release_timeout_s: float = 2.0
+    side_channel_secret_file: str = ""
 
     def __post_init__(self) -> None:
         for role in ("prefill", "decode"):
@@ -65,6 +69,13 @@ class RouterConfig:
             value = getattr(self, f.name)
             if f.name.endswith("_s") and not (isinstance(value, int | float) and math.isfinite(value) and value > 0):
                 raise RouterConfigError(f"{option_name(f.name)} {value!r}: must be a positive number of seconds")
+        if self.side_channel_secret_file:
+            from ascend_kv_transfer.p2p.side_channel_auth import SecretError, read_secret
+
+            try:
+                read_secret(self.side_channel_secret_file)
+            except SecretError as exc:
+                raise RouterConfigError(f"--side-channel-secret-file: {exc}") from exc
         for name in ("max_inflight", "max_queued"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < (1 if name == "max_inflight" else 0):

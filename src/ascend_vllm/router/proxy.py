@@ -69,6 +69,35 @@ class DisaggregatedProxy:
         self._decode_timeout = aiohttp.ClientTimeout(total=config.decode_timeout_s, connect=config.connect_timeout_s,
                                                      sock_read=config.read_timeout_s)
         self._warned_no_params: set[str] = set()
+        self._auth = None
+        if config.side_channel_secret_file:
+            from ascend_kv_transfer.p2p.side_channel_auth import SideChannelAuth
+
+            self._auth = SideChannelAuth.from_file(config.side_channel_secret_file)
+        self.releases: dict[str, int] = {"released": 0, "kept": 0, "failed": 0}
+
+    async def release_prefill(self, params: dict | None, reason: str) -> str:
+        """The decode leg failed: free the prefill's held KV blocks now rather than at its abort timeout (a transfer
+        a decode already claimed is left to it). Returns what happened, for the error message; "" when nothing was
+        held (no params)."""
+        from ascend_kv_transfer.p2p.release import release_targets, release_transfer
+
+        try:
+            if not params or not release_targets(params):
+                return ""
+            outcomes = await asyncio.to_thread(release_transfer, params, reason=reason,
+                                               timeout_s=self.config.release_timeout_s, auth=self._auth)
+        except ValueError as exc:  # params the router cannot read: say so, the prefill frees at its timeout
+            self.releases["failed"] += 1
+            return f"the prefill's KV was not released ({exc})"
+        for outcome in outcomes.values():
+            self.releases["released" if outcome == "released" else "kept" if outcome.startswith("kept")
+                          else "failed"] += 1
+        if all(o == "released" for o in outcomes.values()):
+            return "the prefill's KV blocks were released"
+        failed = {w: o for w, o in outcomes.items() if o != "released"}
+        logger.warning("release of transfer %s: %s", params.get("transfer_id"), failed)
+        return "the prefill's KV release: " + "; ".join(f"{w} {o}" for w, o in outcomes.items())
 
     def _failed(self, pool: ServerPool, lease: Lease, reason: str, *, take_out: bool) -> None:
         lease.release(ok=False)

@@ -11,6 +11,8 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
+from ascend_kv_transfer.p2p.side_channel_auth import SecretError, SideChannelAuth, read_secret
+
 # Mooncake's TCP transport queues at most this many transfers per peer by default
 # (MC_TCP_MAX_QUEUED_TRANSFERS_PER_PEER); a batch over it fails and poisons the peer.
 MOONCAKE_PEER_QUEUE_LIMIT = 1024
@@ -42,9 +44,17 @@ class MooncakeOptions:
     # Entries per Mooncake batch call; must stay under the peer's queue limit.
     max_batch_entries: int = 1000
     peer_queue_limit: int = MOONCAKE_PEER_QUEUE_LIMIT
+    # A file holding the secret every engine (and the router) of this deployment shares: the side channel then
+    # answers only requests sealed with it (p2p.side_channel_auth). Empty: anyone reaching the port is answered.
+    side_channel_secret_file: str = ""
 
     def __post_init__(self) -> None:
         _check_port("side_channel_port", self.side_channel_port)
+        if self.side_channel_secret_file:
+            try:
+                read_secret(self.side_channel_secret_file)
+            except SecretError as e:
+                raise OptionError(f"kv_connector_extra_config['side_channel_secret_file']: {e}") from e
         if self.protocol not in ("tcp", "rdma", "ascend", "hccs"):
             raise OptionError(f"kv_connector_extra_config['protocol']={self.protocol!r}: "
                               "expected one of 'tcp', 'rdma', 'ascend', 'hccs'")
@@ -60,6 +70,10 @@ class MooncakeOptions:
             raise OptionError(
                 f"kv_connector_extra_config['max_batch_entries']={self.max_batch_entries!r}: must be between 1 and "
                 f"peer_queue_limit={self.peer_queue_limit} (a larger batch fails and breaks the peer)")
+
+    def side_channel_auth(self) -> SideChannelAuth | None:
+        """The side channel's sealer/opener, or None when no secret file is configured."""
+        return SideChannelAuth.from_file(self.side_channel_secret_file) if self.side_channel_secret_file else None
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

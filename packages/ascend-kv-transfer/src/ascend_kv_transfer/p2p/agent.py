@@ -47,6 +47,12 @@ class Reports:
     readers: int = 1
     reports: int = 0
     read: bool = False
+    released: bool = False
+
+    def give_up(self) -> None:
+        """A release: complete now, whatever readers are outstanding."""
+        self.reports = self.readers = max(self.readers, self.reports, 1)
+        self.released = True
 
     def add(self, message: schema.DoneNotice) -> None:
         self.readers = max(self.readers, message.readers)
@@ -80,6 +86,8 @@ class AgentStats:
     # Freed on an "unread" notice: no decode rank reads this rank's copy of a replicated (MLA) transfer.
     released_unread: int = 0
     released_expired: int = 0
+    # Freed on a ReleaseRequest (the router gave an unclaimed transfer up).
+    released_by_request: int = 0
     errors: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict:
@@ -95,6 +103,7 @@ class MooncakeAgent:
         self.engine_id = engine_id
         self.geometry = geometry
         self.options = options
+        self.auth = options.side_channel_auth()
         self.ranks = (tp_rank, pp_rank, pcp_rank)
         self.engine = TransferEngineHandle(options.side_channel_host, options.protocol, options.device_name,
                                            max_batch_entries=options.max_batch_entries)
@@ -157,7 +166,7 @@ class MooncakeAgent:
 
     # ---- producer ---------------------------------------------------------------------------------------------
     def serve(self, port: int) -> None:
-        self._server = SideChannelServer(self.options.side_channel_host, port, self._handle)
+        self._server = SideChannelServer(self.options.side_channel_host, port, self._handle, auth=self.auth)
 
     def serve_pending(self) -> None:
         """Answer side-channel requests from the engine's thread (see `SideChannelServer`)."""
@@ -172,6 +181,8 @@ class MooncakeAgent:
             if early is not None and early[0] > time.monotonic():
                 held.reports = early[1]
                 if held.reports.complete:  # e.g. "unread" before the hold landed: free the blocks at once
+                    if held.reports.released:
+                        self._remember_expired(transfer_id)
                     self._release(transfer_id, held)
                     return
             self._held[transfer_id] = held
@@ -197,6 +208,10 @@ class MooncakeAgent:
             done, self._finished_sends = self._finished_sends, set()
         return done
 
+    def refused(self) -> dict[str, int]:
+        """Side-channel requests left unanswered for want of the shared secret, by reason."""
+        return {} if self._server is None else self._server.refused
+
     def num_held(self) -> int:
         with self._lock:
             return len(self._held)
@@ -214,18 +229,23 @@ class MooncakeAgent:
     def _release(self, transfer_id: str, held: HeldTransfer) -> None:
         """Every reader reported (caller holds the lock): the blocks may be freed."""
         self._finished_sends.add(held.req_id)
-        if held.reports.read:
+        if held.reports.released:
+            self.stats.released_by_request += 1
+        elif held.reports.read:
             self.stats.released_done += 1
         else:
             self.stats.released_unread += 1
 
-    def _remember_early(self, message: schema.DoneNotice) -> None:
+    def _remember_early(self, message: schema.DoneNotice | schema.ReleaseRequest) -> None:
         """A report for a transfer not held (caller holds the lock): its hold may be an engine step away."""
         if message.transfer_id in self._expired:
             return
         now = time.monotonic()
         until, reports = self._early.get(message.transfer_id, (now + self.options.abort_timeout_s, Reports()))
-        reports.add(message)
+        if isinstance(message, schema.ReleaseRequest):
+            reports.give_up()
+        else:
+            reports.add(message)
         self._early[message.transfer_id] = (until, reports)
         while len(self._early) > _EARLY_MEMORY or (self._early and next(iter(self._early.values()))[0] < now):
             self._early.pop(next(iter(self._early)))
@@ -262,12 +282,34 @@ class MooncakeAgent:
                         del self._held[message.transfer_id]
                         self._release(message.transfer_id, held)
             return schema.Ack()
+        if isinstance(message, schema.ReleaseRequest):
+            return self._release_on_request(message)
         raise ValueError(f"unexpected side-channel message {type(message).__name__}")
+
+    def _release_on_request(self, message: schema.ReleaseRequest) -> schema.ReleaseResponse:
+        """Free an unclaimed transfer now (see `schema.ReleaseRequest`); a claimed one is left to its readers."""
+        with self._lock:
+            held = self._held.get(message.transfer_id)
+            if held is None:
+                known = message.transfer_id in self._expired
+                self._remember_early(message)
+                reply = schema.ReleaseResponse(released=not known, reason="unknown" if known else "")
+            elif held.claimed:
+                reply = schema.ReleaseResponse(released=False, reason="claimed")
+            else:
+                del self._held[message.transfer_id]
+                held.reports.give_up()
+                self._remember_expired(message.transfer_id)
+                self._release(message.transfer_id, held)
+                reply = schema.ReleaseResponse(released=True)
+        logger.info("transfer %s: release requested (%s): %s", message.transfer_id, message.reason or "no reason",
+                    "freed" if reply.released else f"kept ({reply.reason})")
+        return reply
 
     # ---- consumer ---------------------------------------------------------------------------------------------
     def _side_channel(self) -> SideChannelClient:
         if self._client is None:
-            self._client = SideChannelClient(self.options.handshake_timeout_s)
+            self._client = SideChannelClient(self.options.handshake_timeout_s, auth=self.auth)
         return self._client
 
     def peer_metadata(self, address: tuple[str, int]) -> schema.AgentMetadata:

@@ -133,7 +133,7 @@ class LayerwiseAgent(MooncakeAgent):
             if st.state == TransferState.PENDING:  # answered the moment the last write lands
                 return Deferred(PARK_S, schema.StatusResponse(state=TransferState.PENDING))
             return schema.StatusResponse(state=st.state, error=st.error)
-        if isinstance(message, schema.DoneNotice):
+        if isinstance(message, (schema.DoneNotice, schema.ReleaseRequest)):
             with self._lock:
                 st = self._pushes.pop(message.transfer_id, None)
             if st is not None:
@@ -199,9 +199,12 @@ class LayerwiseAgent(MooncakeAgent):
             self._maybe_done(st)
 
     def _queue(self, st: PushState, entries: Entries, written: KVWritten, *, bulk: bool) -> None:
-        st.writes_queued += 1
         peer = st.peer
-        self.writers.submit(peer, lambda: self._write(st, peer, entries, written, bulk))
+        if not self.writers.submit(peer, lambda: self._write(st, peer, entries, written, bulk)):
+            st.fail(f"decode peer {peer} has {self.writers.max_queued_per_peer} writes queued (stalled or gone): "
+                    "the transfer is failed rather than queued behind them")
+            return
+        st.writes_queued += 1
 
     def _write(self, st: PushState, peer: str, entries: Entries, written: KVWritten, bulk: bool) -> None:
         """On the peer's writer thread."""

@@ -65,6 +65,7 @@ class P2PScheduler:
         self.options = options
         self.port = engine_port(options.side_channel_port, ranks)
         self.tp_size = ranks.tp_size
+        self.workers = ranks.tp_size * ranks.pp_size * ranks.pcp_size
         self.block_size = block_size
         self._step = P2PStep()
         # request id -> external tokens scheduled for loading (the "did not recompute" evidence).
@@ -134,6 +135,8 @@ class P2PScheduler:
             "remote_host": host,
             "remote_port": self.port,
             "remote_tp_size": self.tp_size,
+            # Side-channel ports from remote_port on, one per prefill worker: where a router sends a release.
+            "remote_workers": self.workers,
             "transfer_id": transfer_id,
             "remote_block_ids": groups[0],
         }

@@ -12,7 +12,8 @@ import msgspec
 
 # 2: the registration epoch in AgentMetadata and ClaimResponse (KV memory re-registered after sleep/wake).
 # 3: KVGeometry.tp_replicated, readers in ClaimRequest/DoneNotice, DoneNotice.unread (MLA across TP sizes).
-SCHEMA_VERSION = 3
+# 4: ReleaseRequest (the router gives a transfer up after its decode leg failed).
+SCHEMA_VERSION = 4
 
 
 class LayerRegion(msgspec.Struct, frozen=True):
@@ -112,6 +113,23 @@ class DoneNotice(Message, tag="done"):
     unread: bool = False
 
 
+class ReleaseRequest(Message, tag="release"):
+    """Whoever routed the request gives the transfer up (its decode leg failed): a prefill rank frees the blocks of
+    a transfer no decode has claimed (a later claim hears EXPIRED, and the decode computes the prompt itself); a
+    claimed one is left to its readers, who report DONE or give up themselves (freeing blocks a read may still be
+    copying could put other requests' bytes into a decode's cache). A release that arrives before the hold frees the
+    blocks the moment the hold lands."""
+
+    transfer_id: str = ""
+    reason: str = ""
+
+
+class ReleaseResponse(Message, tag="release_response"):
+    released: bool = False
+    # Why not: "claimed" (a decode is reading it) or "unknown" (never held here, or already freed).
+    reason: str = ""
+
+
 class Ack(Message, tag="ack"):
     pass
 
@@ -149,7 +167,7 @@ class ErrorResponse(Message, tag="error"):
 
 
 AnyMessage = (MetadataRequest | MetadataResponse | ClaimRequest | ClaimResponse | DoneNotice | Ack | ErrorResponse
-              | PushRequest | StatusRequest | StatusResponse)
+              | PushRequest | StatusRequest | StatusResponse | ReleaseRequest | ReleaseResponse)
 
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(AnyMessage)

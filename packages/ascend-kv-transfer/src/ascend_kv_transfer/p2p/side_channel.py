@@ -18,6 +18,7 @@ from collections.abc import Callable
 import zmq
 
 from ascend_kv_transfer.p2p import schema
+from ascend_kv_transfer.p2p.side_channel_auth import SideChannelAuth
 
 logger = logging.getLogger(__name__)
 
@@ -31,6 +32,11 @@ def _connect(ctx: zmq.Context, kind: int, address: tuple[str, int]) -> zmq.Socke
     sock.setsockopt(zmq.LINGER, 0)  # closing must never wait for a peer that is gone
     sock.connect(f"tcp://{address[0]}:{address[1]}")
     return sock
+
+
+def _sealed(auth: SideChannelAuth | None, message: schema.Message) -> bytes:
+    payload = schema.encode(message)
+    return payload if auth is None else auth.seal(payload)
 
 
 class Deferred:
@@ -53,7 +59,9 @@ class SideChannelServer:
     thread waits on the socket's file descriptor without holding it.
     """
 
-    def __init__(self, host: str, port: int, handler: Callable[[schema.AnyMessage], schema.Message | Deferred]):
+    def __init__(self, host: str, port: int, handler: Callable[[schema.AnyMessage], schema.Message | Deferred], *,
+                 auth: SideChannelAuth | None = None):
+        self._auth = auth
         self._ctx = zmq.Context.instance()
         self._sock = self._ctx.socket(zmq.ROUTER)
         self._sock.setsockopt(zmq.LINGER, 0)
@@ -101,14 +109,28 @@ class SideChannelServer:
             except zmq.Again:
                 return answered
             envelope = frames[:-1]  # identity, delimiter (and a DEALER's request id): echoed with the answer
+            payload = frames[-1] if self._auth is None else self._auth.open(frames[-1])
+            if payload is None:  # not from a peer holding the secret: no answer at all (counted in `refused`)
+                self._warn_refused()
+                continue
             try:
-                message = schema.decode(frames[-1])
+                message = schema.decode(payload)
             except Exception as e:
                 self._reply(envelope, schema.ErrorResponse(error=str(e)))
                 answered += 1
                 continue
             if self._answer(envelope, message, time.monotonic()):
                 answered += 1
+
+    @property
+    def refused(self) -> dict[str, int]:
+        """Requests left unanswered because they were not sealed with the secret, by reason."""
+        return {} if self._auth is None else dict(self._auth.refused)
+
+    def _warn_refused(self) -> None:
+        if sum(self._auth.refused.values()) == 1:
+            logger.warning("side channel tcp://%s:%d: refused a request not sealed with the shared secret (%s); "
+                           "further refusals are only counted", *self.address, ", ".join(self._auth.refused))
 
     def _answer(self, envelope: list[bytes], message: schema.AnyMessage, since: float) -> bool:
         """Answer now, or park the request if the handler defers it (False)."""
@@ -142,7 +164,8 @@ class SideChannelServer:
 class SideChannelClient:
     """Round trips to peers, one cached REQ socket per peer address (use from one thread)."""
 
-    def __init__(self, timeout_s: float):
+    def __init__(self, timeout_s: float, *, auth: SideChannelAuth | None = None):
+        self._auth = auth
         self._ctx = zmq.Context.instance()
         self._timeout_ms = int(timeout_s * 1000)
         self._socks: dict[tuple[str, int], zmq.Socket] = {}
@@ -152,7 +175,7 @@ class SideChannelClient:
         if sock is None:
             sock = self._socks[address] = _connect(self._ctx, zmq.REQ, address)
         try:
-            sock.send(schema.encode(message))
+            sock.send(_sealed(self._auth, message))
             if not sock.poll(self._timeout_ms, zmq.POLLIN):
                 raise SideChannelTimeout(f"no answer from side channel tcp://{address[0]}:{address[1]} within "
                                          f"{self._timeout_ms / 1000:g} s")
@@ -198,7 +221,8 @@ class AsyncSideChannelClient:
     answer to it is dropped.
     """
 
-    def __init__(self, timeout_s: float):
+    def __init__(self, timeout_s: float, *, auth: SideChannelAuth | None = None):
+        self._auth = auth
         self._ctx = zmq.Context.instance()
         self._timeout_s = timeout_s
         self._socks: dict[tuple[str, int], zmq.Socket] = {}
@@ -214,7 +238,7 @@ class AsyncSideChannelClient:
         self._next_id += 1
         rid = self._next_id.to_bytes(8, "little")
         try:
-            sock.send_multipart([b"", rid, schema.encode(message)], flags=zmq.NOBLOCK)
+            sock.send_multipart([b"", rid, _sealed(self._auth, message)], flags=zmq.NOBLOCK)
         except zmq.ZMQError as e:  # the queue to a peer that never answers is full
             pending.error = SideChannelTimeout(f"cannot send {type(message).__name__} to tcp://{address[0]}:"
                                                f"{address[1]}: {e}")

@@ -55,7 +55,7 @@ class StepDriver:
         self.report = report
         self.pool = pool
         self.inline_read_max_bytes = inline_read_max_bytes
-        self.channel = AsyncSideChannelClient(agent.options.handshake_timeout_s)
+        self.channel = AsyncSideChannelClient(agent.options.handshake_timeout_s, auth=agent.auth)
         self._running: list[_Running] = []
         self.inline_reads = 0
         self.background_reads = 0

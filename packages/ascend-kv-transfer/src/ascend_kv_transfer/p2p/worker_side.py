@@ -169,7 +169,8 @@ class P2PWorker:
 
     def stats(self) -> dict[str, Any]:
         out = self.agent.stats.as_dict() | {
-            "held_now": self.agent.num_held(), "registrations": self.registrations, "epoch": self.agent.epoch,
+            "held_now": self.agent.num_held(), "side_channel_refused": self.agent.refused(),
+            "registrations": self.registrations, "epoch": self.agent.epoch,
             # What Mooncake has registered now, as [address, bytes] (the KV memory the transfers may touch).
             "registered": [[s.addr, s.nbytes] for s in self.agent.engine.registered]}
         if self._driver is not None:

@@ -48,6 +48,9 @@ class PoolWorkerStats:
     put_failed_objects: int = 0
     save_errors: int = 0
     saves_left_to_rank0: int = 0  # save jobs this TP rank skipped: TP rank 0 puts the same bytes
+    # Objects a save published after vLLM was told its blocks were free (the save outlived wait_for_saves): removed
+    # again, since the put may have read bytes of the blocks' next owner.
+    abandoned_objects_removed: int = 0
 
 
 @dataclass
@@ -80,6 +83,8 @@ class PoolWorker:
         self._saves_done = threading.Condition(self._lock)
         self._pending_saves: dict[str, int] = {}  # req -> save jobs not finished
         self._awaiting_report: set[str] = set()  # finished requests held until their saves are done
+        # Requests whose saves wait_for_saves gave up on: their blocks went back to vLLM while a put still read them.
+        self._abandoned: set[str] = set()
         self._finished_sending: set[str] = set()
         self._loads_in_flight = 0
         self._idle = False
@@ -195,6 +200,7 @@ class PoolWorker:
     def _save(self, job: PoolTransfer) -> None:
         t0 = time.perf_counter()
         stored = skipped = failed = nbytes = 0
+        published: list[str] = []  # keys this job created (not ones already present: those are others' objects)
         try:
             if self.client.available:
                 keys, ptrs, sizes, _ = self._objects(job)
@@ -206,6 +212,8 @@ class PoolWorker:
                     if code == 0 or code == OBJECT_ALREADY_EXISTS:
                         stored += 1
                         nbytes += sum(sizes[i])
+                        if code == 0:
+                            published.append(keys[i])
                     else:
                         failed += 1
                 if failed:
@@ -220,6 +228,10 @@ class PoolWorker:
                            type(e).__name__, e)
         finally:
             with self._lock:
+                abandoned = job.req_id in self._abandoned
+            if abandoned and published:
+                self._unpublish(job.req_id, published)
+            with self._lock:
                 self.stats.saves += 1
                 self.stats.save_seconds += time.perf_counter() - t0
                 self.stats.objects_stored += stored
@@ -231,10 +243,24 @@ class PoolWorker:
                     self._pending_saves[job.req_id] = left
                 else:
                     self._pending_saves.pop(job.req_id, None)
+                    self._abandoned.discard(job.req_id)
                     if job.req_id in self._awaiting_report:
                         self._awaiting_report.discard(job.req_id)
                         self._finished_sending.add(job.req_id)
                 self._saves_done.notify_all()
+
+    def _unpublish(self, req_id: str, keys: list[str]) -> None:
+        """Remove what an abandoned save put: nobody may load bytes that could be another request's."""
+        try:
+            self.client.remove(keys)
+        except Exception as e:  # the objects stay: say so loudly, they may hold another request's bytes
+            logger.error("KV pool: removing %d objects of abandoned save of request %s raised %s: %s", len(keys),
+                         req_id, type(e).__name__, e)
+            return
+        with self._lock:
+            self.stats.abandoned_objects_removed += len(keys)
+        logger.warning("KV pool: the save of request %s finished after its blocks were handed back; removed the %d "
+                       "objects it published", req_id, len(keys))
 
     def finish_requests(self, req_ids: list[str]) -> None:
         """The scheduler holds these finished requests' blocks until we report their saves done."""
@@ -253,6 +279,9 @@ class PoolWorker:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     stuck = [r for r in req_ids if self._pending_saves.get(r)]
+                    # Their blocks are reused from now on while the puts may still read them: what those puts
+                    # publish is removed when they return (_unpublish).
+                    self._abandoned.update(stuck)
                     self.client.disable(f"saves of preempted requests {stuck[:4]} still running after "
                                         f"{self.save_wait_timeout_s:g} s")
                     return
