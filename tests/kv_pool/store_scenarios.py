@@ -72,11 +72,11 @@ def kv_caches(seed: int) -> dict[str, torch.Tensor]:
     return {name: torch.rand((NUM_BLOCKS, *PAGE_SHAPE), generator=gen) for name in LAYERS}
 
 
-def make_worker(opts, caches, keys) -> PoolWorker:
+def make_worker(opts, caches, keys, save_wait_timeout_s: float = 30.0) -> PoolWorker:
     worker = PoolWorker(client=StoreClient(opts, contribute=True, name="worker"), keys=keys, rank=RankCoords(),
                         layer_groups=dict.fromkeys(LAYERS, 0), layer_order={0: list(LAYERS)},
                         num_blocks=NUM_BLOCKS, inline_load_max_bytes=opts.inline_load_max_bytes,
-                        save_wait_timeout_s=30.0)
+                        save_wait_timeout_s=save_wait_timeout_s)
     worker.register_kv_caches(caches)
     return worker
 
@@ -227,6 +227,45 @@ def put_raises(port: int, log: Path) -> dict:
         master.kill()
 
 
+def stalled_save(port: int, log: Path) -> dict:
+    """A put still running when vLLM, told to wait for the saves (preemption), gave up waiting and reused the blocks:
+    what the put read may be the blocks' next owner's bytes, so it must not stay published under the old hashes."""
+    master = start_master(port, log)
+    keys = PoolKeys("test/stalled")
+    try:
+        opts = options(port)
+        src = kv_caches(7)
+        a = make_worker(opts, src, keys, save_wait_timeout_s=0.3)
+        b = make_worker(options(port, "0"), kv_caches(8), keys)
+        sched = make_scheduler(opts, keys)
+        real = a.client.store
+        gate_s = 1.5
+
+        class Stalling:  # Mooncake's put, started late: it reads the buffers after the blocks were reused
+            def __getattr__(self, name):
+                return getattr(real, name)
+
+            def batch_put_from_multi_buffers(self, *args, **kwargs):
+                time.sleep(gate_s)
+                return real.batch_put_from_multi_buffers(*args, **kwargs)
+
+        a.client.store = Stalling()
+        hashes = sched.hashes.get(request("victim", 4 * BLOCK), 4)
+        a.start_saves([PoolTransfer("victim", [[0, 1, 2, 3]], hashes)])
+        t0 = time.monotonic()
+        a.wait_for_saves(["victim"])
+        gave_up_s = time.monotonic() - t0
+        for name in LAYERS:  # the blocks' next owner writes its KV
+            src[name][0:4] = torch.full_like(src[name][0:4], -1.0)
+        wait_saves(a, timeout=gate_s + 10)
+        names = [keys.key(RankCoords(), 0, h) for h in hashes]
+        present = [c == 1 for c in b.client.exists(names)]
+        return {"gave_up_s": gave_up_s, "disabled": not a.client.available, "present_after": present,
+                "worker": a.stats_dict()}
+    finally:
+        master.kill()
+
+
 def master_dies(port: int, log: Path) -> dict:
     """The master killed mid-run: the pool turns off, nothing raises, every request is still reported."""
     master = start_master(port, log)
@@ -288,7 +327,7 @@ def save_planning(port: int, log: Path) -> dict:
         master.kill()
 
 
-SCENARIOS = {f.__name__: f for f in (roundtrip, eviction, put_raises, master_dies, save_planning)}
+SCENARIOS = {f.__name__: f for f in (roundtrip, eviction, put_raises, master_dies, save_planning, stalled_save)}
 
 if __name__ == "__main__":
     # `all` runs every scenario in this one process (vLLM imports once), each against its own master.
