@@ -27,7 +27,11 @@ def _wheel_view(version: str) -> StaticView:
     try:
         path = fetch_wheel(version)
     except WheelFetchError as exc:
-        pytest.skip(f"cannot fetch vllm=={version}: {exc}")
+        # A skip here once hid that the README's static checks went unshown on a fresh machine: only an explicit
+        # offline run may skip.
+        if os.environ.get("ASCEND_VLLM_OFFLINE") == "1":
+            pytest.skip(f"ASCEND_VLLM_OFFLINE=1 and vllm=={version} is not cached: {exc}")
+        pytest.fail(f"cannot fetch vllm=={version} (set ASCEND_VLLM_OFFLINE=1 to skip offline): {exc}")
     return StaticView(open_source(path))
 
 
