@@ -1,0 +1,107 @@
+"""The release check (scripts/release_check.py) passes on the workspace and fails on planted inconsistencies.
+
+Planted cases run on a copy of what the check reads (pyprojects, sources, READMEs, changelogs, releases.toml),
+with the copy's current state recorded as released first, as `scripts/release` records a published version.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "scripts"))
+import release_check  # noqa: E402 - scripts/ is not a package
+from release_check import digest, problems, workspace  # noqa: E402
+
+
+def _copy(dest: Path) -> Path:
+    for name in ("pyproject.toml", "README.md", "CHANGELOG.md", release_check.RECORD):
+        shutil.copy2(ROOT / name, dest / name)
+    shutil.copytree(ROOT / "src", dest / "src", ignore=shutil.ignore_patterns("__pycache__"))
+    for folder in sorted((ROOT / "packages").iterdir()):
+        if (folder / "pyproject.toml").is_file():
+            shutil.copytree(folder, dest / "packages" / folder.name,
+                            ignore=shutil.ignore_patterns("__pycache__", "tests"))
+    return dest
+
+
+def _record_released(root: Path) -> None:
+    lines = [f'[package.{name}]\nversion = "{p.version}"\ndigest = "{digest(p)}"\n'
+             for name, p in workspace(root).items()]
+    (root / release_check.RECORD).write_text("\n".join(lines))
+
+
+@pytest.fixture
+def released(tmp_path) -> Path:
+    root = _copy(tmp_path)
+    _record_released(root)
+    assert problems(root) == []
+    return root
+
+
+def _bump(folder: Path, version: str, *, changelog: bool) -> None:
+    pyproject = folder / "pyproject.toml"
+    pyproject.write_text(re.sub(r'^version = ".*"$', f'version = "{version}"', pyproject.read_text(), count=1,
+                                flags=re.MULTILINE))
+    if changelog:
+        path = folder / "CHANGELOG.md"
+        head, _, rest = path.read_text().partition("\n## ")
+        path.write_text(f"{head}\n## {version}\n\n- planted change\n\n## {rest}")
+
+
+def test_the_workspace_passes():
+    out = subprocess.run(["bash", "scripts/release-check"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip().endswith("release check: ok"), out.stdout + out.stderr
+
+
+def test_a_changed_source_without_a_bump_fails(released):
+    (released / "packages/ascend-core/src/ascend_core/planted.py").write_text("PLANTED = True\n")
+    found = problems(released)
+    assert len(found) == 1 and found[0].startswith("ascend-core: sources changed since its release 0.2.0"), found
+
+
+def test_a_changed_readme_or_dependency_counts_as_a_change(released):
+    readme = released / "packages/ascend-specdecode/README.md"
+    readme.write_text(readme.read_text() + "\nplanted\n")
+    assert [p.split(":")[0] for p in problems(released)] == ["ascend-specdecode"]
+
+
+def test_a_bump_without_a_changelog_entry_fails(released):
+    (released / "packages/ascend-testkit/src/ascend_testkit/planted.py").write_text("PLANTED = True\n")
+    _bump(released / "packages/ascend-testkit", "0.2.1", changelog=False)
+    assert problems(released) == ["ascend-testkit: version 0.2.1 has no '## 0.2.1' entry in "
+                                  "ascend-testkit/CHANGELOG.md"]
+
+
+def test_a_bump_with_its_changelog_entry_passes(released):
+    (released / "packages/ascend-testkit/src/ascend_testkit/planted.py").write_text("PLANTED = True\n")
+    _bump(released / "packages/ascend-testkit", "0.2.1", changelog=True)
+    assert problems(released) == []
+
+
+def test_a_member_bump_the_meta_pins_and_ranges_do_not_follow_fails(released):
+    (released / "packages/ascend-kernels/src/ascend_kernels/planted.py").write_text("PLANTED = True\n")
+    _bump(released / "packages/ascend-kernels", "0.3.0", changelog=True)
+    found = problems(released)
+    assert "ascend-vllm: pins 'ascend-kernels==0.2.0' but ascend-kernels is at 0.3.0 (expected ==0.3.0)" in found
+    assert any(p.startswith("ascend-core: requires 'ascend-kernels<0.3,>=0.2', which excludes") for p in found), found
+    assert not any(p.startswith("ascend-kernels:") for p in found), found
+
+
+def test_a_range_whose_oldest_version_is_untested_fails(released):
+    pyproject = released / "packages/ascend-core/pyproject.toml"
+    pyproject.write_text(pyproject.read_text().replace('"ascend-kernels>=0.2,<0.3"', '"ascend-kernels>=0.1,<0.3"'))
+    _bump(released / "packages/ascend-core", "0.2.1", changelog=True)
+    found = problems(released)
+    assert any("oldest allowed ascend-kernels is 0.1; only 0.2.0 is tested" in p for p in found), found
+
+
+def test_a_version_older_than_its_release_fails(released):
+    _bump(released / "packages/ascend-testkit", "0.1.9", changelog=True)
+    assert "ascend-testkit: version 0.1.9 is older than its last release 0.2.0" in problems(released)
