@@ -1,13 +1,8 @@
-"""The Model Runner V2 verifier: greedy decisions through `ascend_kernels` equal vLLM's kernels', and the sampler
-hands sampled batches back to upstream."""
+"""The Model Runner V2 verifier: greedy decisions through `ascend_kernels` follow the naive rule, and the sampler
+hands sampled batches back to upstream (parity with vLLM's own kernels, which needs the platform: tests/specdecode)."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -15,8 +10,6 @@ import pytest
 import torch
 
 from ascend_specdecode.kernel_bridge import greedy_verify_rows
-
-DRIVER = Path(__file__).with_name("mrv2_verifier_parity_driver.py")
 
 
 def naive(logits, tokens, cu):
@@ -61,17 +54,6 @@ def test_random_batches_match_the_naive_rule():
                              torch.roll(logits.argmax(-1), 1), torch.randint(0, 30, (int(cu[-1]),), generator=g))
         sampled, num = greedy_verify_rows(logits, tokens, cu, 3)
         assert [sampled[r, :c].tolist() for r, c in enumerate(num.tolist())] == naive(logits, tokens, cu)
-
-
-def test_greedy_decisions_equal_vllms_mrv2_kernels(tmp_path):
-    env = {**os.environ, "ASCEND_VLLM_SIMULATE": "1", "TRITON_INTERPRET": "1", "HF_HUB_OFFLINE": "1",
-           "VLLM_CACHE_ROOT": str(tmp_path)}
-    env.pop("VLLM_USE_V2_MODEL_RUNNER", None)
-    out = subprocess.run([sys.executable, str(DRIVER)], env=env, capture_output=True, text=True, timeout=600)
-    assert out.returncode == 0, out.stderr[-4000:]
-    report = json.loads([line for line in out.stdout.splitlines() if line.startswith("{")][-1])
-    assert all(case["counts"] == 0 and case["tokens"] == 0 for case in report.values()), report
-    assert report["mostly_accepted"]["accepted_drafts"] > 0 and report["placeholders"]["accepted_drafts"] > 0
 
 
 class _Upstream:

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from ascend_core.contracts.cli import main
-from ascend_vllm.cli import main as ascend_vllm_main
+from ascend_core.contracts.cli import main as contracts_main
 
 
 def test_check_exits_1_on_uncovered_p0_p1_and_prints_json(new_tree: Path, pins_file: Path,
@@ -29,7 +29,7 @@ def test_check_exits_0_when_every_p0_p1_is_covered(old_tree: Path, pins_file: Pa
 
 def test_baseline_reports_the_drift_between_two_releases(old_tree: Path, new_wheel: Path, pins_file: Path,
                                                          capsys: pytest.CaptureFixture[str]) -> None:
-    code = ascend_vllm_main(["contracts", "check", "--baseline", str(old_tree), "--vllm", str(new_wheel),
+    code = contracts_main(["check", "--baseline", str(old_tree), "--vllm", str(new_wheel),
                              "--pins", str(pins_file)])
     out = capsys.readouterr().out
     assert code == 1 and "1.0.0 -> 2.0.0" in out.splitlines()[0]
@@ -52,6 +52,6 @@ def test_scan_subcommand_reports_unpinned_symbols(tmp_path: Path, capsys: pytest
     pkg.mkdir(parents=True)
     (pkg / "upstream_pins.toml").write_text("")
     (pkg / "mod.py").write_text("import vllm.v1.request\n")
-    assert ascend_vllm_main(["contracts", "scan", "--root", str(tmp_path)]) == 1
+    assert contracts_main(["scan", "--root", str(tmp_path)]) == 1
     out = capsys.readouterr().out
     assert "-- ascend_x: 1 vLLM symbols used, 1 unpinned" in out and "vllm.v1.request  (import" in out

@@ -13,7 +13,6 @@ from ascend_core.contracts.cli import main
 from ascend_core.contracts.torch_npu_check import Sources, generate_pins
 from ascend_core.contracts.torch_npu_pins import TORCH_NPU_PINS_FILE, load_op_pins, render_op_pins
 from ascend_core.contracts.torch_npu_wheel import TorchNpuWheel
-from ascend_vllm.cli import main as ascend_vllm_main
 
 WORKSPACE = Path(__file__).resolve().parents[4]
 KERNEL_PINS = WORKSPACE / "packages/ascend-kernels/src/ascend_kernels" / TORCH_NPU_PINS_FILE
@@ -21,7 +20,7 @@ KERNEL_PINS = WORKSPACE / "packages/ascend-kernels/src/ascend_kernels" / TORCH_N
 
 def test_our_call_sites_and_pins_are_clean_on_the_pinned_release(wheel: TorchNpuWheel,
                                                                   capsys: pytest.CaptureFixture[str]) -> None:
-    code = ascend_vllm_main(["contracts", "check", "--torch-npu", str(wheel.path), "--root", str(WORKSPACE),
+    code = main(["check", "--torch-npu", str(wheel.path), "--root", str(WORKSPACE),
                              "--json"])
     data = json.loads(capsys.readouterr().out)
     assert (code, data["findings"], data["uncovered"], data["blocking"]) == (0, [], [], 0)
