@@ -215,6 +215,7 @@ def create_app(config: RouterConfig) -> Starlette:
         finally:
             await state.health.stop()
             await state.session.close()
+            state.proxy.close()
 
     app = Starlette(routes=[
         Route("/v1/completions", completions, methods=["POST"]),

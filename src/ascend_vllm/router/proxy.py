@@ -13,9 +13,11 @@ to look at it now. An upstream's 4xx (the request's own fault) is returned uncha
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
 
 import aiohttp
 
@@ -27,6 +29,7 @@ from ascend_vllm.router.pool import Lease, ServerPool
 logger = logging.getLogger(__name__)
 
 _JSON = "application/json"
+RELEASE_THREADS = 4
 
 
 def prefill_payload(body: dict, transfer_id: str) -> dict:
@@ -75,6 +78,9 @@ class DisaggregatedProxy:
 
             self._auth = SideChannelAuth.from_file(config.side_channel_secret_file)
         self.releases: dict[str, int] = {"released": 0, "kept": 0, "failed": 0}
+        # Releases block on side-channel round trips: a small pool of their own, so a storm of failing decode legs
+        # neither waits on nor grows the event loop's default executor.
+        self._release_pool = ThreadPoolExecutor(max_workers=RELEASE_THREADS, thread_name_prefix="router-kv-release")
 
     async def release_prefill(self, params: dict | None, reason: str) -> str:
         """The decode leg failed: free the prefill's held KV blocks now rather than at its abort timeout (a transfer
@@ -85,8 +91,9 @@ class DisaggregatedProxy:
         try:
             if not params or not release_targets(params):
                 return ""
-            outcomes = await asyncio.to_thread(release_transfer, params, reason=reason,
-                                               timeout_s=self.config.release_timeout_s, auth=self._auth)
+            outcomes = await asyncio.get_running_loop().run_in_executor(
+                self._release_pool, functools.partial(release_transfer, params, reason=reason,
+                                                      timeout_s=self.config.release_timeout_s, auth=self._auth))
         except ValueError as exc:  # params the router cannot read: say so, the prefill frees at its timeout
             self.releases["failed"] += 1
             return f"the prefill's KV was not released ({exc})"
@@ -98,6 +105,9 @@ class DisaggregatedProxy:
         failed = {w: o for w, o in outcomes.items() if o != "released"}
         logger.warning("release of transfer %s: %s", params.get("transfer_id"), failed)
         return "the prefill's KV release: " + "; ".join(f"{w} {o}" for w, o in outcomes.items())
+
+    def close(self) -> None:
+        self._release_pool.shutdown(wait=False, cancel_futures=True)
 
     def _failed(self, pool: ServerPool, lease: Lease, reason: str, *, take_out: bool) -> None:
         lease.release(ok=False)

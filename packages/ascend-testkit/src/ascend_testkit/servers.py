@@ -114,7 +114,11 @@ def _die_with_parent() -> None:
 
 
 class ServerProcess:
-    """One HTTP server in a child process group; `url` is where it listens, its output goes to `log_path`."""
+    """One HTTP server in a child process group; `url` is where it listens, its output goes to `log_path`.
+
+    The server dies with the thread that started it (its parent-death signal follows the creating thread, not the
+    process): start servers from a thread that outlives them, never from an executor's worker thread.
+    """
 
     def __init__(self, name: str, argv: list[str], *, port: int, env: dict[str, str], log_path: str | os.PathLike,
                  netns: LoopbackNamespace | None = None, host: str = "127.0.0.1"):
@@ -171,6 +175,34 @@ class ServerProcess:
             return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
         except OSError:
             return ""
+
+    def footprint(self) -> dict[str, int]:
+        """Open file descriptors and threads of every process in the server's group (its engine core too), from
+        /proc: what a leak shows up in."""
+        fds = threads = procs = 0
+        kinds: dict[str, int] = {}
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+                if int(fields[2]) != self.proc.pid:  # field 5 of stat, the process group
+                    continue
+                threads += int(fields[17])  # field 20, num_threads
+                for fd in os.listdir(f"/proc/{entry}/fd"):
+                    target = os.readlink(f"/proc/{entry}/fd/{fd}")
+                    kind = target.split(":", 1)[0] if ":" in target else "file"
+                    kinds[kind] = kinds.get(kind, 0) + 1
+                    fds += 1
+                procs += 1
+            except (OSError, IndexError, ValueError):  # a process that ended while we looked
+                continue
+        return {"fds": fds, "threads": threads, "processes": procs, "fd_kinds": dict(sorted(kinds.items()))}
+
+    def signal(self, sig: int) -> None:
+        """Send `sig` to the whole group (e.g. SIGSTOP/SIGCONT: a peer that stalls, then resumes)."""
+        self._signal_group(sig)
 
     def kill(self) -> None:
         """SIGKILL the whole group at once (fault injection: no graceful shutdown)."""
