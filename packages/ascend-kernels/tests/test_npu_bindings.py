@@ -8,13 +8,13 @@ import subprocess
 import sys
 
 import ascend_kernels
-from ascend_kernels import npu_backend, npu_usage
-from ascend_kernels.npu_backend import NPU_BINDINGS, npu_ops
+from ascend_kernels import npu_backend, npu_usage, op_registry
+from ascend_kernels.npu_backend import NPU_BINDINGS
 
 
 def test_every_op_has_an_npu_binding_and_a_callable():
     assert set(NPU_BINDINGS) == set(ascend_kernels.OP_NAMES)
-    table = npu_ops()
+    table = op_registry.backend_impls("npu")
     assert set(table) == set(ascend_kernels.OP_NAMES)
     for name, binding in NPU_BINDINGS.items():
         assert binding.kind in ("torch_npu", "torch"), name
@@ -26,8 +26,9 @@ def test_every_op_has_an_npu_binding_and_a_callable():
 def test_binding_table_and_capabilities_load_without_torch_npu():
     code = (
         "import sys, ascend_kernels\n"
-        "from ascend_kernels.npu_backend import NPU_BINDINGS, npu_ops\n"
-        "npu_ops()\n"
+        "from ascend_kernels import op_registry\n"
+        "from ascend_kernels.npu_backend import NPU_BINDINGS\n"
+        "op_registry.backend_impls('npu')\n"
         "assert all(ascend_kernels.supports(op, 'npu') for op in ascend_kernels.OP_NAMES)\n"
         "print(ascend_kernels.implementations('npu')['paged_attention'])\n"
         "assert 'torch_npu' not in sys.modules, 'torch_npu was imported'\n"
@@ -44,7 +45,7 @@ def test_every_torch_npu_call_is_counted():
     assert uses == ["return _CountedTorchNpu(_torch_npu())"]
     for name, binding in NPU_BINDINGS.items():
         if binding.kind == "torch_npu":
-            assert "_npu()." in inspect.getsource(npu_ops()[name]), name
+            assert "_npu()." in inspect.getsource(op_registry.backend_impls("npu")[name]), name
 
 
 def test_usage_counts_calls_and_fallbacks_and_warns_once(caplog):
@@ -54,8 +55,8 @@ def test_usage_counts_calls_and_fallbacks_and_warns_once(caplog):
         npu_usage.record_fallback("fused_moe", "swiglu_limit")
         npu_usage.record_fallback("fused_moe", "swiglu_limit")
     assert npu_usage.snapshot() == {"npu_ops": {"npu_rms_norm": 1}, "fallbacks": {"fused_moe": 2},
-                                    "fallback_reasons": {"fused_moe": "swiglu_limit"}}
+                                    "fallback_reasons": {"fused_moe": "swiglu_limit"}, "facade_ops": {}}
     assert [r.getMessage() for r in caplog.records].count(
         "ascend_kernels npu backend: fused_moe runs the reference implementation: swiglu_limit") == 1
     npu_usage.reset()
-    assert npu_usage.snapshot() == {"npu_ops": {}, "fallbacks": {}, "fallback_reasons": {}}
+    assert npu_usage.snapshot() == {"npu_ops": {}, "fallbacks": {}, "fallback_reasons": {}, "facade_ops": {}}

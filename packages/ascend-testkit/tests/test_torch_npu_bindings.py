@@ -89,6 +89,27 @@ def test_cache_write_matches_reference():
     assert fake.calls() == {"_npu_reshape_and_cache": 2}
 
 
+def test_padding_slots_land_in_the_null_block_not_in_a_request_block():
+    # vLLM pads a batch with slot -1 (dummy and padded steps). ATB takes no skip value, so the binding sends padding
+    # to slot 0 (vLLM's null block, never a request's) without reading the slots back; the fake refuses -1 itself.
+    g = _gen(4)
+    key, value = torch.randn(4, 2, 8, generator=g), torch.randn(4, 2, 8, generator=g)
+    slots = torch.tensor([5, -1, 9, -1], dtype=torch.int64)
+    caches = [torch.zeros(6, 4, 2, 8) for _ in range(4)]
+    npu_backend.reshape_and_cache(key, value, caches[0], caches[1], slots)
+    ref.reshape_and_cache(key, value, caches[2], caches[3], slots)
+    assert torch.equal(caches[0][1:], caches[2][1:]) and torch.equal(caches[1][1:], caches[3][1:])  # request blocks
+    assert torch.equal(caches[0][0, 1:], caches[2][0, 1:])  # the null block beyond its slot 0 untouched too
+    with pytest.raises(Exception, match="slot_indices must lie in"):
+        torch_npu_module()._npu_reshape_and_cache(key, value, caches[0], caches[1], slots.to(torch.int32))
+
+
+def torch_npu_module():
+    import torch_npu
+
+    return torch_npu
+
+
 def _mla_caches(seed=3):
     g = _gen(seed)
     return (torch.randn(8, 4, 1, 16, generator=g), torch.randn(8, 4, 1, 4, generator=g),

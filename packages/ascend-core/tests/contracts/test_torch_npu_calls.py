@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import textwrap
 
-from ascend_core.contracts.torch_npu_calls import scan_calls
+from ascend_core.contracts.torch_npu_calls import module_loaders, scan_calls
 from ascend_core.contracts.torch_npu_check import resolve_call
 from ascend_core.contracts.torch_npu_wheel import TorchNpuWheel
 
@@ -136,3 +136,22 @@ def test_an_overload_is_chosen_by_the_arguments(wheel: TorchNpuWheel) -> None:
         torch_npu.atb.npu_paged_cache_load(x, x, x, x, key=x, value=x)
     """
     assert [resolve_call(c, wheel)[0] for c in _scan(source)] == ["npu_paged_cache_load", "npu_paged_cache_load.out"]
+
+
+def test_a_loader_imported_from_another_module_is_followed() -> None:
+    backend = textwrap.dedent("""
+        import importlib
+
+        def _npu():
+            return Counted(importlib.import_module("torch_npu"))
+    """)
+    binding = textwrap.dedent("""
+        from pkg.backend import _npu
+
+        def quant(x):
+            return _npu().npu_dynamic_quant(x, quant_mode="pertensor")
+    """)
+    assert module_loaders(backend) == {"_npu"}
+    assert scan_calls(binding, "pkg/binding.py") == []  # alone, the import says nothing
+    calls = scan_calls(binding, "pkg/binding.py", frozenset({"pkg.backend._npu"}))
+    assert [(c.op, c.function, sorted(c.keywords)) for c in calls] == [("npu_dynamic_quant", "quant", ["quant_mode"])]

@@ -135,3 +135,24 @@ def test_mla_kv_of_refuses_a_strided_tensor():
     cells = torch.zeros(3, 16, 600)[..., :576]
     with pytest.raises(KVLayoutError, match="not the dense planar region"):
         mla_kv_of(cells, 512)
+
+
+def test_plane_names_come_from_the_kernel_backends_declared_layout(kv_cases, monkeypatch):
+    from ascend_kernels import op_registry
+
+    specs, _, _ = kv_cases["dense_gqa"]()
+    spec = next(iter(specs.values()))
+    for backend in ("reference", "npu"):  # both declared; the npu declaration is read without torch_npu
+        declared = op_registry.kv_layout(backend).planes("attention")
+        assert kv_planes.attention_planes(spec, backend).names == tuple(declared) == ("key", "value")
+    renamed = op_registry.KvLayout(attention=(("k", ("num_blocks", "block_size", "num_kv_heads", "head_size")),
+                                              ("v", ("num_blocks", "block_size", "num_kv_heads", "head_size_v"))),
+                                   mla=op_registry.kv_layout("npu").mla, contiguous=True)
+    monkeypatch.setitem(op_registry.KV_LAYOUTS, "npu", renamed)
+    assert kv_planes.attention_planes(spec, "npu").names == ("k", "v")
+    head_major = op_registry.KvLayout(attention=(("key", ("num_blocks", "num_kv_heads", "block_size", "head_size")),
+                                                 ("value", ("num_blocks", "num_kv_heads", "block_size", "head_size"))),
+                                      mla=renamed.mla, contiguous=True)
+    monkeypatch.setitem(op_registry.KV_LAYOUTS, "npu", head_major)
+    with pytest.raises(KVLayoutError, match="kernel backend 'npu' declares attention planes"):
+        kv_planes.attention_planes(spec, "npu")

@@ -1,8 +1,9 @@
 """The NPU backend: each facade op bound to its torch_npu kernel. The only module that imports torch_npu.
 
-`NPU_BINDINGS` is plain data (readable without torch_npu: the tests check every op has an entry); `npu_ops()` builds
-the callables, and torch_npu is imported on the first call of any of them. Ops with no dedicated torch_npu kernel
-(sampling, the MoE reference) run the reference implementation on the NPU device ("torch" bindings). Paged caches
+Each function here is the `impl` of an op's `NpuBinding` (declared with the op, `ascend_kernels.op_registry`);
+selecting "npu" imports this module, and torch_npu is imported on the first call of any binding. Ops with no
+dedicated torch_npu kernel (sampling, the MoE reference) run the reference implementation on the NPU device ("torch"
+bindings). Paged caches
 are dense (one contiguous [blocks, block_size, heads, dim] tensor per plane); where a kernel cannot take what it is
 given (a non-contiguous cache, a partial rotary, ...) the binding runs the reference and says so in `npu_usage`.
 
@@ -15,141 +16,11 @@ from __future__ import annotations
 
 import functools
 import importlib
-from collections.abc import Callable
-from dataclasses import dataclass
 
 import torch
 
 from ascend_kernels import npu_usage, reference
 from ascend_kernels.reference import sampling as ref_sampling
-
-
-@dataclass(frozen=True, kw_only=True)
-class NpuBinding:
-    target: str  # what runs the op on an NPU
-    kind: str  # "torch_npu": a torch_npu kernel; "torch": the reference implementation on the NPU device
-    note: str = ""
-
-
-NPU_BINDINGS: dict[str, NpuBinding] = {
-    "reshape_and_cache": NpuBinding(
-        target="torch_npu._npu_reshape_and_cache", kind="torch_npu", note="slots as int32; dense caches"
-    ),
-    "reshape_and_cache_mla": NpuBinding(
-        target="torch_npu._npu_reshape_and_cache", kind="torch_npu", note="latent as key, rope as value"
-    ),
-    "paged_attention": NpuBinding(
-        target="torch_npu.npu_fused_infer_attention_score_v2",
-        kind="torch_npu",
-        note="TND query, paged KV [blocks, block_size, heads*dim]; sparse_mode 3 (causal) with a 2048x2048 mask, "
-        "pre_tokens = window - 1 for sliding windows, learnable_sink for sinks",
-    ),
-    "mla_decode_attention": NpuBinding(
-        target="torch_npu.npu_fused_infer_attention_score",
-        kind="torch_npu",
-        note="BNSD query with query_rope/key_rope over the paged latent cache, one KV head",
-    ),
-    "gather_mla_cache": NpuBinding(
-        target="torch_npu.atb.npu_paged_cache_load", kind="torch_npu",
-        note="latent as key, rope as value; seq_starts 0; the out= form sized from the host lengths; dense caches",
-    ),
-    "mla_prefill_attention": NpuBinding(
-        target="torch_npu.npu_fused_infer_attention_score",
-        kind="torch_npu",
-        note="TND q/k/v with k = [k_nope, k_rope per head], cumulative q/kv lengths, sparse_mode 3 (bottom-right "
-        "causal) with the 2048x2048 mask",
-    ),
-    "rotary_embedding": NpuBinding(
-        target="torch_npu._npu_rotary_embedding", kind="torch_npu", note="in place on [tokens, heads*rotary_dim]"
-    ),
-    "rms_norm": NpuBinding(target="torch_npu.npu_rms_norm / torch_npu.npu_add_rms_norm", kind="torch_npu"),
-    "silu_and_mul": NpuBinding(target="torch_npu.npu_swiglu", kind="torch_npu"),
-    "topk_softmax": NpuBinding(target="torch_npu.npu_moe_gating_top_k_softmax", kind="torch_npu"),
-    "fused_moe_reference": NpuBinding(target="ascend_kernels.reference.moe on the NPU device", kind="torch"),
-    "moe_gating_topk": NpuBinding(
-        target="torch_npu.npu_moe_gating_top_k", kind="torch_npu",
-        note="norm_type 0/1 = softmax/sigmoid, group_select_mode 1 (top-2 sum) with a bias, 0 (max) without; "
-        "renormalisation and routed_scaling_factor applied after the kernel; sqrtsoftplus (DeepSeek V4) runs the "
-        "reference"),
-    "fused_moe": NpuBinding(
-        target="torch_npu.npu_moe_init_routing_v2 + npu_grouped_matmul + npu_swiglu + npu_moe_token_unpermute",
-        kind="torch_npu", note="ids outside [0, num_experts) dropped by active_expert_range; count-mode group list; "
-        "a swiglu_limit (DeepSeek V4) runs the reference"),
-    "sample_greedy": NpuBinding(target="torch.argmax on the NPU device", kind="torch"),
-    "sample": NpuBinding(
-        target="torch_npu.npu_top_k_top_p + reference sampling",
-        kind="torch_npu",
-        note="the fused filter for top_k and/or top_p; top_k above 1024 runs the reference",
-    ),
-    "rejection_sample": NpuBinding(target="ascend_kernels.reference.rejection on the NPU device", kind="torch"),
-    "compute_slot_mapping": NpuBinding(target="ascend_kernels.reference.batch_prep on the NPU device", kind="torch",
-                                       note="reads the token count back (one sync per step)"),
-    "gumbel_sample": NpuBinding(target="ascend_kernels.reference.gumbel on the NPU device", kind="torch"),
-    "gather_logprobs": NpuBinding(target="ascend_kernels.reference.logprobs on the NPU device", kind="torch"),
-    "token_ranks": NpuBinding(target="ascend_kernels.reference.logprobs on the NPU device", kind="torch"),
-    "attention_with_lse": NpuBinding(
-        target="torch_npu.npu_fused_infer_attention_score",
-        kind="torch_npu",
-        note="TND q/k/v, cumulative q/kv lengths, softmax_lse_flag; sparse_mode 3 (bottom-right causal) with the "
-        "2048x2048 mask when causal",
-    ),
-    "paged_attention_with_lse": NpuBinding(
-        target="torch_npu.npu_fused_infer_attention_score",
-        kind="torch_npu",
-        note="TND query over the paged cache [blocks, block_size, heads*dim] with block_table, softmax_lse_flag",
-    ),
-    "merge_attention_states": NpuBinding(
-        target="torch_npu.npu_attention_update", kind="torch_npu",
-        note="float32 [tokens*heads, dim] outputs and [tokens*heads] lses, update_type 0; the merged lse by "
-        "logsumexp",
-    ),
-    "gather_kv_rows": NpuBinding(target="torch.index_select on the NPU device", kind="torch"),
-    # SFA: the cache holds fp8 keys with float32 scales (vLLM's indexer-cache size); vllm-ascend's fused
-    # lightning-indexer / sparse-flash-attention kernels take bf16 keys and come from its own op library, not
-    # torch_npu, so these run the reference on the device until a torch_npu kernel takes this layout.
-    "quantize_fp8_groups": NpuBinding(target="ascend_kernels.reference.sparse_mla on the NPU device", kind="torch",
-                                      note="float8_e4m3fn casts on the device"),
-    "indexer_cache_write": NpuBinding(target="ascend_kernels.reference.sparse_mla on the NPU device", kind="torch",
-                                      note="fp8 e4m3 + float32 scale per 128 elements, scattered by slot"),
-    "indexer_topk": NpuBinding(target="ascend_kernels.reference.sparse_mla on the NPU device", kind="torch",
-                               note="npu_lightning_indexer needs bf16 keys; one loop step per request"),
-    "sparse_mla_attention": NpuBinding(target="ascend_kernels.reference.sparse_mla on the NPU device", kind="torch",
-                                       note="npu_sparse_flash_attention is not a torch_npu op; gathers the "
-                                       "selected latents by position"),
-    # DeepSeek V4: no torch_npu kernel takes vLLM's fp8_ds_mla / indexer byte layouts (vllm-ascend has no V4 path
-    # to follow), so every V4 op runs the reference on the device until one does.
-    **{name: NpuBinding(target=f"ascend_kernels.reference.{module} on the NPU device", kind="torch", note=note)
-       for name, module, note in (
-           ("dsv4_qnorm_rope_kv_insert", "dsv4_attention", "fp8_ds_mla insert with UE8M0 tile scales"),
-           ("dsv4_save_partial_states", "dsv4_compressor", "scatter by slot"),
-           ("dsv4_compress_norm_rope_store", "dsv4_compressor", "one nonzero() sync per call"),
-           ("dsv4_compress_norm_rope_store_indexer", "dsv4_compressor", "one nonzero() sync per call"),
-           ("dsv4_indexer_q_rope_quant", "dsv4_indexer", "float8_e4m3fn casts on the device"),
-           ("dsv4_fp8_paged_mqa_logits", "dsv4_indexer", "dequantizes the visible keys per chunk of rows"),
-           ("dsv4_topk_transform", "dsv4_indexer", "a stable sort per row"),
-           ("dsv4_sparse_mla_with_kvcache", "dsv4_attention", "gathers and dequantizes the selected records"),
-           ("dsv4_inverse_rope_o_proj", "dsv4_attention", "elementwise"),
-           ("dsv4_mhc_pre", "dsv4_hyper", "one matmul, sigmoid/softmax and the Sinkhorn loop"),
-           ("dsv4_mhc_post", "dsv4_hyper", "one einsum"),
-           ("dsv4_hc_head", "dsv4_hyper", "one matmul and a weighted sum"),
-       )},
-    # DeepSeek V4.1: its Triton kernels have no torch_npu counterpart either; the reference runs on the device.
-    **{name: NpuBinding(target=f"ascend_kernels.reference.{module} on the NPU device", kind="torch", note=note)
-       for name, module, note in (
-           ("dsv41_mhc_pre_delayed", "dsv41_hyper", "one matmul, sigmoid/softmax and the Sinkhorn loop"),
-           ("dsv41_hc_collapse", "dsv41_hyper", "a weighted sum"),
-           ("dsv41_q_rope_kv_insert", "dsv41_attention", "elementwise RoPE and a scatter by slot"),
-           ("dsv41_save_compress_norm", "dsv41_compressor", "one host loop over the requests for the ring store"),
-           ("dsv41_rope_quant_insert", "dsv41_compressor", "one nonzero() sync per call"),
-           ("dsv41_indexer_k_norm_rope_store", "dsv41_compressor", "one nonzero() sync per call"),
-           ("dsv41_select_candidate_blocks", "dsv41_indexer", "a block max and a topk over the rows"),
-           ("dsv41_apply_candidate_mask", "dsv41_indexer", "a scatter of block flags and one masked_fill"),
-           ("dsv41_engram_write_hash_cache", "dsv41_engram", "scatter by slot"),
-           ("dsv41_engram_hash", "dsv41_engram", "one int64 pass per n-gram length"),
-           ("dsv41_engram_lookup", "dsv41_engram", "a row gather and the UE8M0 dequantization"),
-           ("dsv41_engram_gate", "dsv41_engram", "elementwise with two row norms"),
-       )},
-}
 
 _FIA_MASK_SIZE = 2048  # the compressed causal mask sparse_mode 3 expects
 _SPARSE_CAUSAL, _SPARSE_BAND = 3, 4
@@ -207,11 +78,19 @@ def _not_dense(op: str, *caches: torch.Tensor) -> str:
     return f"a paged cache is not contiguous ({shapes}); torch_npu's paged kernels take dense caches only"
 
 
+def _kernel_slots(slot_mapping: torch.Tensor) -> torch.Tensor:
+    """int32 slots for ATB's cache write, padding (-1) sent to slot 0. ATB documents no skip value (a negative slot
+    is out of range), and dropping the padding would read the mask back to the host every layer; slot 0 is in vLLM's
+    null block, which the block pool never hands to a request, so what lands there is never read as KV."""
+    slots = slot_mapping.to(torch.int32)
+    return torch.where(slots < 0, torch.zeros_like(slots), slots)
+
+
 def reshape_and_cache(key, value, key_cache, value_cache, slot_mapping):
     if not _dense(key_cache, value_cache):
         npu_usage.record_fallback("reshape_and_cache", _not_dense("reshape_and_cache", key_cache, value_cache))
         return reference.reshape_and_cache(key, value, key_cache, value_cache, slot_mapping)
-    _npu()._npu_reshape_and_cache(key, value, key_cache, value_cache, slot_mapping.to(torch.int32))
+    _npu()._npu_reshape_and_cache(key, value, key_cache, value_cache, _kernel_slots(slot_mapping))
 
 
 def reshape_and_cache_mla(latent, rope, latent_cache, rope_cache, slot_mapping):
@@ -221,7 +100,7 @@ def reshape_and_cache_mla(latent, rope, latent_cache, rope_cache, slot_mapping):
         return reference.reshape_and_cache_mla(latent, rope, latent_cache, rope_cache, slot_mapping)
     latent = latent.reshape(latent.shape[0], 1, latent.shape[-1])
     rope = rope.reshape(rope.shape[0], 1, rope.shape[-1])
-    _npu()._npu_reshape_and_cache(latent, rope, latent_cache, rope_cache, slot_mapping.to(torch.int32))
+    _npu()._npu_reshape_and_cache(latent, rope, latent_cache, rope_cache, _kernel_slots(slot_mapping))
 
 
 def _host(values: list[int] | None, tensor: torch.Tensor) -> list[int]:
@@ -508,38 +387,10 @@ def merge_attention_states(outputs, lses, *, out=None):
     return out, total
 
 
-def npu_ops() -> dict[str, Callable]:
-    """The NPU op table (building it does not import torch_npu; the first call does)."""
-    table = {
-        "reshape_and_cache": reshape_and_cache,
-        "reshape_and_cache_mla": reshape_and_cache_mla,
-        "paged_attention": paged_attention,
-        "mla_decode_attention": mla_decode_attention,
-        "gather_mla_cache": gather_mla_cache,
-        "mla_prefill_attention": mla_prefill_attention,
-        "rotary_embedding": rotary_embedding,
-        "rms_norm": rms_norm,
-        "silu_and_mul": silu_and_mul,
-        "topk_softmax": topk_softmax,
-        "fused_moe_reference": reference.fused_moe_reference,
-        "moe_gating_topk": moe_gating_topk,
-        "fused_moe": fused_moe,
-        "sample_greedy": reference.sample_greedy,
-        "sample": sample,
-        "rejection_sample": reference.rejection_sample,
-        "compute_slot_mapping": reference.compute_slot_mapping,
-        "gumbel_sample": reference.gumbel_sample,
-        "gather_logprobs": reference.gather_logprobs,
-        "token_ranks": reference.token_ranks,
-        "attention_with_lse": attention_with_lse,
-        "paged_attention_with_lse": paged_attention_with_lse,
-        "merge_attention_states": merge_attention_states,
-        "gather_kv_rows": reference.gather_kv_rows,
-        "quantize_fp8_groups": reference.quantize_fp8_groups,
-        "indexer_cache_write": reference.indexer_cache_write,
-        "indexer_topk": reference.indexer_topk,
-        "sparse_mla_attention": reference.sparse_mla_attention,
-        **{name: reference.REFERENCE_OPS[name] for name in NPU_BINDINGS if name.startswith(("dsv4_", "dsv41_"))},
-    }
-    assert table.keys() == NPU_BINDINGS.keys()
-    return table
+def __getattr__(name: str):
+    # NPU_BINDINGS is derived from the op declarations (`ascend_kernels.op_registry`), kept here for its readers.
+    if name == "NPU_BINDINGS":
+        from ascend_kernels.op_registry import npu_bindings
+
+        return npu_bindings()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -2,6 +2,8 @@
 
 Every torch_npu call in `npu_backend` goes through `record_call`; a binding that cannot take what it is given calls
 `record_fallback` with the reason, which is logged once per op (principle 9: fall back visibly, never silently).
+With `set_facade_counting(True)` the registry also counts every facade op call per backend ("backend:op"), wrapping
+each op when it binds the backend (so it costs nothing while off).
 """
 
 from __future__ import annotations
@@ -16,6 +18,43 @@ _LOCK = threading.Lock()
 _CALLS: collections.Counter[str] = collections.Counter()
 _FALLBACKS: collections.Counter[str] = collections.Counter()
 _REASONS: dict[str, str] = {}
+_FACADE: collections.Counter[str] = collections.Counter()  # "backend:op" -> calls, while counting is on
+
+
+class _Counting:
+    enabled = False
+
+
+def set_facade_counting(enabled: bool) -> None:
+    """Count every facade op call per backend (`snapshot()["facade_ops"]`). Off by default: the count wraps each
+    op, so the facade is then two hops instead of one."""
+    _Counting.enabled = bool(enabled)
+    from ascend_kernels import registry
+
+    registry.rebind()
+
+
+def facade_counting() -> bool:
+    return _Counting.enabled
+
+
+def facade_counter(backend: str):
+    """For the registry's `bind`: op name -> a wrapper counting that op's calls on `backend`."""
+
+    def for_op(op: str):
+        key = f"{backend}:{op}"
+
+        def wrap(fn):
+            def counted(*args, **kwargs):
+                _FACADE[key] += 1  # a Counter increment under the GIL; exact enough for a usage report
+                return fn(*args, **kwargs)
+
+            counted.__wrapped__ = fn
+            return counted
+
+        return wrap
+
+    return for_op
 
 
 def record_call(torch_npu_op: str) -> None:
@@ -34,7 +73,8 @@ def record_fallback(facade_op: str, reason: str) -> None:
 
 def snapshot() -> dict:
     with _LOCK:
-        return {"npu_ops": dict(_CALLS), "fallbacks": dict(_FALLBACKS), "fallback_reasons": dict(_REASONS)}
+        return {"npu_ops": dict(_CALLS), "fallbacks": dict(_FALLBACKS), "fallback_reasons": dict(_REASONS),
+                "facade_ops": dict(_FACADE)}
 
 
 def reset() -> None:
@@ -42,3 +82,4 @@ def reset() -> None:
         _CALLS.clear()
         _FALLBACKS.clear()
         _REASONS.clear()
+        _FACADE.clear()

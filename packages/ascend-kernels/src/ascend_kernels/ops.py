@@ -1,7 +1,9 @@
-"""The kernel facade: one function per op, its contract in the docstring, dispatched to the selected backend.
+"""The kernel facade: each op declared once (`@kernel_op`, `ascend_kernels.op_registry`), its contract in the docstring.
 
-`from ascend_kernels import ops`. Each call checks argument metadata (see `ascend_kernels.validation`, switchable)
-and then calls the selected backend (`ascend_kernels.set_backend`). Conventions shared by every op:
+`from ascend_kernels import ops`. A declaration names the op's argument check (`ascend_kernels.validation*`, called
+with the op's own arguments; switchable) and what runs it on each backend; selecting a backend binds `ops.<name>` to
+that backend's function (checks off) or to a wrapper that checks and then calls it (checks on). The other op modules
+(`OP_MODULES`) are re-exported here. Conventions shared by every op:
 - KV caches are 4-D `[num_blocks, block_size, num_kv_heads, head_size]` per layer, K and V separate. MLA: latent
   cache `[num_blocks, block_size, 1, kv_lora_rank]` and rope cache `[num_blocks, block_size, 1, rope_dim]`. The
   allocator hands every served layer dense caches (the device layout torch_npu's kernels take); the reference
@@ -16,56 +18,49 @@ and then calls the selected backend (`ascend_kernels.set_backend`). Conventions 
 
 from __future__ import annotations
 
+import importlib
+
 import torch
 
+from ascend_kernels import reference as ref
 from ascend_kernels import validation as _v
 from ascend_kernels import validation_cp as _vcp
 from ascend_kernels import validation_mla as _vm
 from ascend_kernels import validation_sfa as _vs
-from ascend_kernels.ops_dsv4 import (  # noqa: F401  (DeepSeek V4's ops live in their own module)
-    dsv4_compress_norm_rope_store,
-    dsv4_compress_norm_rope_store_indexer,
-    dsv4_fp8_paged_mqa_logits,
-    dsv4_hc_head,
-    dsv4_indexer_q_rope_quant,
-    dsv4_inverse_rope_o_proj,
-    dsv4_mhc_post,
-    dsv4_mhc_pre,
-    dsv4_qnorm_rope_kv_insert,
-    dsv4_save_partial_states,
-    dsv4_sparse_mla_with_kvcache,
-    dsv4_topk_transform,
-)
-from ascend_kernels.ops_dsv41 import *  # noqa: F403  (DeepSeek V4.1's ops: their own module, listed in its __all__)
-from ascend_kernels.registry import OP_NAMES, current_impl
-
-__all__ = list(OP_NAMES)
-
-_SWITCH = _v.SWITCH
+from ascend_kernels.op_registry import NpuBinding, kernel_op, reference_on_device
 
 
+@kernel_op(validate=_v.check_reshape_and_cache, reference=ref.reshape_and_cache,
+           npu=NpuBinding(target="torch_npu._npu_reshape_and_cache", kind="torch_npu",
+                          impl="ascend_kernels.npu_backend:reshape_and_cache",
+                          note="slots as int32, padding to the null block's slot 0; dense caches"))
 def reshape_and_cache(key, value, key_cache, value_cache, slot_mapping) -> None:
     """Write each token's K/V into its cache slot, in place.
 
     key `[num_tokens, num_kv_heads, head_size]`, value `[num_tokens, num_kv_heads, head_size_v]`;
     key_cache/value_cache `[num_blocks, block_size, num_kv_heads, head_size(_v)]` (strided views allowed);
     slot_mapping int64 (int32 accepted) `[num_tokens]`, token i goes to block `slot // block_size`, row
-    `slot % block_size`; slot -1 = padding, not written. Values are cast to the cache dtype.
+    `slot % block_size`; slot -1 = padding, written into no request's block (the reference skips it; the NPU
+    binding sends it to slot 0, in vLLM's null block, which is never handed to a request, so no host sync is needed
+    to drop it). Values are cast to the cache dtype.
     """
-    if _SWITCH.enabled:
-        _v.check_reshape_and_cache(key, value, key_cache, value_cache, slot_mapping)
-    current_impl().reshape_and_cache(key, value, key_cache, value_cache, slot_mapping)
 
 
+@kernel_op(validate=_v.check_reshape_and_cache_mla, reference=ref.reshape_and_cache_mla,
+           npu=NpuBinding(target="torch_npu._npu_reshape_and_cache", kind="torch_npu",
+                          impl="ascend_kernels.npu_backend:reshape_and_cache_mla", note="latent as key, rope as "
+                               "value"))
 def reshape_and_cache_mla(latent, rope, latent_cache, rope_cache, slot_mapping) -> None:
     """MLA's cache write: latent `[num_tokens, kv_lora_rank]` and rope `[num_tokens, rope_dim]` (or both with a
     middle dim of 1) into latent_cache `[num_blocks, block_size, 1, kv_lora_rank]` and rope_cache
-    `[num_blocks, block_size, 1, rope_dim]`; slots as in `reshape_and_cache` (-1 skipped). In place."""
-    if _SWITCH.enabled:
-        _v.check_reshape_and_cache_mla(latent, rope, latent_cache, rope_cache, slot_mapping)
-    current_impl().reshape_and_cache_mla(latent, rope, latent_cache, rope_cache, slot_mapping)
+    `[num_blocks, block_size, 1, rope_dim]`; slots as in `reshape_and_cache` (-1: no request's block). In place."""
 
 
+@kernel_op(validate=_v.check_paged_attention, reference=ref.paged_attention,
+           npu=NpuBinding(target="torch_npu.npu_fused_infer_attention_score_v2", kind="torch_npu",
+                          impl="ascend_kernels.npu_backend:paged_attention", note="TND query, paged KV [blocks, "
+                               "block_size, heads*dim]; sparse_mode 3 (causal) with a 2048x2048 mask, pre_tokens = "
+                               "window - 1 for sliding windows, learnable_sink for sinks"))
 def paged_attention(
     query,
     key_cache,
@@ -102,29 +97,12 @@ def paged_attention(
     once per step): a kernel that takes lengths at launch then never reads them back from the device. They must
     equal the tensors (not checked: that would read the device).
     """
-    if _SWITCH.enabled:
-        _v.check_paged_attention(
-            query, key_cache, value_cache, block_table, query_start_loc, seq_lens, scale, sliding_window, sinks, out
-        )
-        _v.host_lengths("paged_attention", "query_start_loc_host", query_start_loc_host, query_start_loc.shape[0])
-        _v.host_lengths("paged_attention", "seq_lens_host", seq_lens_host, seq_lens.shape[0])
-    return current_impl().paged_attention(
-        query,
-        key_cache,
-        value_cache,
-        block_table,
-        query_start_loc,
-        seq_lens,
-        scale=scale,
-        causal=causal,
-        sliding_window=sliding_window,
-        sinks=sinks,
-        out=out,
-        query_start_loc_host=query_start_loc_host,
-        seq_lens_host=seq_lens_host,
-    )
 
 
+@kernel_op(validate=_v.check_mla_decode_attention, reference=ref.mla_decode_attention,
+           npu=NpuBinding(target="torch_npu.npu_fused_infer_attention_score", kind="torch_npu",
+                          impl="ascend_kernels.npu_backend:mla_decode_attention", note="BNSD query with "
+                               "query_rope/key_rope over the paged latent cache, one KV head"))
 def mla_decode_attention(
     q_nope_absorbed, q_rope, latent_cache, rope_cache, block_table, seq_lens, *, scale: float, out=None,
     seq_lens_host: list[int] | None = None,
@@ -136,17 +114,12 @@ def mla_decode_attention(
     position, so it sees every key j < seq_len). Logits `scale * (q_nope.latent_j + q_rope.rope_j)`, float32
     softmax; returns `sum_j w_j * latent_j` as `[num_reqs, num_heads, kv_lora_rank]` (W_UV is the caller's).
     """
-    if _SWITCH.enabled:
-        _v.check_mla_decode_attention(
-            q_nope_absorbed, q_rope, latent_cache, rope_cache, block_table, seq_lens, scale, out
-        )
-        _v.host_lengths("mla_decode_attention", "seq_lens_host", seq_lens_host, seq_lens.shape[0])
-    return current_impl().mla_decode_attention(
-        q_nope_absorbed, q_rope, latent_cache, rope_cache, block_table, seq_lens, scale=scale, out=out,
-        seq_lens_host=seq_lens_host,
-    )
 
 
+@kernel_op(validate=_vm.check_gather_mla_cache, reference=ref.gather_mla_cache,
+           npu=NpuBinding(target="torch_npu.atb.npu_paged_cache_load", kind="torch_npu",
+                          impl="ascend_kernels.npu_backend:gather_mla_cache", note="latent as key, rope as value; "
+                               "seq_starts 0; the out= form sized from the host lengths; dense caches"))
 def gather_mla_cache(latent_cache, rope_cache, block_table, seq_lens, *, seq_lens_host: list[int] | None = None):
     """Each request's whole context from the paged MLA cache, as contiguous rows (for prefill's up-projection).
 
@@ -154,13 +127,13 @@ def gather_mla_cache(latent_cache, rope_cache, block_table, seq_lens, *, seq_len
     Returns (latent `[sum(seq_lens), kv_lora_rank]`, rope `[sum(seq_lens), rope_dim]`) in the caches' dtype: request
     r's positions 0 .. seq_lens[r] - 1, requests one after the other.
     """
-    if _SWITCH.enabled:
-        _vm.check_gather_mla_cache(latent_cache, rope_cache, block_table, seq_lens)
-        _v.host_lengths("gather_mla_cache", "seq_lens_host", seq_lens_host, seq_lens.shape[0])
-    return current_impl().gather_mla_cache(latent_cache, rope_cache, block_table, seq_lens,
-                                           seq_lens_host=seq_lens_host)
 
 
+@kernel_op(validate=_vm.check_mla_prefill_attention, reference=ref.mla_prefill_attention,
+           npu=NpuBinding(target="torch_npu.npu_fused_infer_attention_score", kind="torch_npu",
+                          impl="ascend_kernels.npu_backend:mla_prefill_attention", note="TND q/k/v with k = "
+                               "[k_nope, k_rope per head], cumulative q/kv lengths, sparse_mode 3 (bottom-right "
+                               "causal) with the 2048x2048 mask"))
 def mla_prefill_attention(q, k_nope, k_rope, v, query_start_loc, kv_start_loc, *, scale: float, out=None,
                           query_start_loc_host: list[int] | None = None, kv_start_loc_host: list[int] | None = None):
     """MLA prefill attention with up-projected keys: every head's key is `[k_nope[j, h], k_rope[j]]`.
@@ -172,16 +145,12 @@ def mla_prefill_attention(q, k_nope, k_rope, v, query_start_loc, kv_start_loc, *
     j <= n - m + i (a chunk continuing a context). Logits `scale * q.k`, float32 softmax; returns
     `[num_tokens, num_heads, v_head_dim]` in q's dtype (into `out` when given; rows past the last request zero).
     """
-    if _SWITCH.enabled:
-        _vm.check_mla_prefill_attention(q, k_nope, k_rope, v, query_start_loc, kv_start_loc, scale, out)
-        _v.host_lengths("mla_prefill_attention", "query_start_loc_host", query_start_loc_host,
-                        query_start_loc.shape[0])
-        _v.host_lengths("mla_prefill_attention", "kv_start_loc_host", kv_start_loc_host, kv_start_loc.shape[0])
-    return current_impl().mla_prefill_attention(q, k_nope, k_rope, v, query_start_loc, kv_start_loc, scale=scale,
-                                                out=out, query_start_loc_host=query_start_loc_host,
-                                                kv_start_loc_host=kv_start_loc_host)
 
 
+@kernel_op(validate=_v.check_rotary_embedding, reference=ref.rotary_embedding,
+           npu=NpuBinding(target="torch_npu._npu_rotary_embedding", kind="torch_npu",
+                          impl="ascend_kernels.npu_backend:rotary_embedding", note="in place on [tokens, "
+                               "heads*rotary_dim]"))
 def rotary_embedding(positions, query, key, cos_sin_cache, *, head_size: int, rotary_dim: int, is_neox: bool):
     """Rotary position embedding applied IN PLACE to query and key (like vLLM's op); returns (query, key).
 
@@ -190,42 +159,43 @@ def rotary_embedding(positions, query, key, cos_sin_cache, *, head_size: int, ro
     = cos(p * inv_freq) then sin(p * inv_freq) (rotary_dim // 2 each). Only the first `rotary_dim` dims of each head
     rotate (partial rotary). NeoX style pairs dim i with i + rotary_dim // 2; GPT-J style pairs 2i with 2i + 1.
     """
-    if _SWITCH.enabled:
-        _v.check_rotary_embedding(positions, query, key, cos_sin_cache, head_size, rotary_dim)
-    return current_impl().rotary_embedding(
-        positions, query, key, cos_sin_cache, head_size=head_size, rotary_dim=rotary_dim, is_neox=is_neox
-    )
 
 
+@kernel_op(validate=_v.check_rms_norm, reference=ref.rms_norm,
+           npu=NpuBinding(target="torch_npu.npu_rms_norm / torch_npu.npu_add_rms_norm", kind="torch_npu",
+                          impl="ascend_kernels.npu_backend:rms_norm"))
 def rms_norm(x, weight, eps: float, residual=None):
     """RMSNorm over the last dim, computed in float32: `x / sqrt(mean(x^2) + eps) * weight`, in x's dtype.
 
     With `residual` (same shape as x): first `h = x + residual` (float32), returns `(rms_norm(h), h in residual's
     dtype)`, the fused residual add of vLLM's `fused_add_rms_norm`. Inputs are not modified.
     """
-    if _SWITCH.enabled:
-        _v.check_rms_norm(x, weight, eps, residual)
-    return current_impl().rms_norm(x, weight, eps, residual)
 
 
+@kernel_op(validate=_v.check_silu_and_mul, reference=ref.silu_and_mul,
+           npu=NpuBinding(target="torch_npu.npu_swiglu", kind="torch_npu",
+                          impl="ascend_kernels.npu_backend:silu_and_mul"))
 def silu_and_mul(x) -> torch.Tensor:
     """`x [..., 2d]` -> `silu(x[..., :d]) * x[..., d:]` of shape `[..., d]` (gate half first, as vLLM)."""
-    if _SWITCH.enabled:
-        _v.check_silu_and_mul(x)
-    return current_impl().silu_and_mul(x)
 
 
+@kernel_op(validate=_v.check_topk_softmax, reference=ref.topk_softmax,
+           npu=NpuBinding(target="torch_npu.npu_moe_gating_top_k_softmax", kind="torch_npu",
+                          impl="ascend_kernels.npu_backend:topk_softmax"))
 def topk_softmax(gating_logits, topk: int, renormalize: bool):
     """MoE routing: softmax over experts (float32), then the top-k per token.
 
     gating_logits `[num_tokens, num_experts]` -> (weights float32 `[num_tokens, topk]`, expert ids int32
     `[num_tokens, topk]`), ordered by descending weight; with `renormalize` the k weights are divided by their sum.
     """
-    if _SWITCH.enabled:
-        _v.check_topk_softmax(gating_logits, topk, renormalize)
-    return current_impl().topk_softmax(gating_logits, topk, renormalize)
 
 
+@kernel_op(validate=_v.check_moe_gating_topk, reference=ref.moe_gating_topk,
+           npu=NpuBinding(target="torch_npu.npu_moe_gating_top_k", kind="torch_npu",
+                          impl="ascend_kernels.npu_backend:moe_gating_topk", note="norm_type 0/1 = "
+                               "softmax/sigmoid, group_select_mode 1 (top-2 sum) with a bias, 0 (max) without; "
+                               "renormalisation and routed_scaling_factor applied after the kernel; sqrtsoftplus "
+                               "(DeepSeek V4) runs the reference"))
 def moe_gating_topk(router_logits, topk: int, *, scoring_func: str = "softmax", renormalize: bool = True,
                     num_expert_group: int | None = None, topk_group: int | None = None,
                     e_score_correction_bias=None, routed_scaling_factor: float = 1.0):
@@ -242,15 +212,14 @@ def moe_gating_topk(router_logits, topk: int, *, scoring_func: str = "softmax", 
     4. ids = the topk best selection scores; weights = the *unbiased* scores at those ids.
     5. With `renormalize` the k weights are divided by their sum; then multiplied by routed_scaling_factor.
     """
-    if _SWITCH.enabled:
-        _v.check_moe_gating_topk(router_logits, topk, scoring_func, renormalize, num_expert_group, topk_group,
-                                 e_score_correction_bias, routed_scaling_factor)
-    return current_impl().moe_gating_topk(
-        router_logits, topk, scoring_func=scoring_func, renormalize=renormalize, num_expert_group=num_expert_group,
-        topk_group=topk_group, e_score_correction_bias=e_score_correction_bias,
-        routed_scaling_factor=routed_scaling_factor)
 
 
+@kernel_op(validate=_v.check_routed_fused_moe, reference=ref.fused_moe,
+           npu=NpuBinding(target="torch_npu.npu_moe_init_routing_v2 + npu_grouped_matmul + npu_swiglu + "
+                                 "npu_moe_token_unpermute", kind="torch_npu",
+                          impl="ascend_kernels.npu_backend:fused_moe",
+                          note="ids outside [0, num_experts) dropped by active_expert_range; count-mode group list; "
+                               "a swiglu_limit (DeepSeek V4) runs the reference"))
 def fused_moe(hidden_states, w13, w2, topk_weights, topk_ids, *, w13_bias=None, w2_bias=None,
               swiglu_limit: float | None = None) -> torch.Tensor:
     """Routed experts (SiLU-gated MLPs) over a token batch; a (token, slot) pair with a negative id is skipped.
@@ -264,15 +233,10 @@ def fused_moe(hidden_states, w13, w2, topk_weights, topk_ids, *, w13_bias=None, 
     b13[e]) + b2[e]); float32 accumulation, result in hidden_states' dtype (a token with no pair is all zeros).
     swiglu_limit L (DeepSeek V4; None or > 0): the activation is `silu(min(gate, L)) * clamp(up, -L, L)`.
     """
-    if _SWITCH.enabled:
-        _v.check_fused_moe(hidden_states, w13, w2, topk_weights, topk_ids, op="fused_moe", w13_bias=w13_bias,
-                           w2_bias=w2_bias)
-        if swiglu_limit is not None:
-            _v.number("fused_moe", "swiglu_limit", swiglu_limit, "None or a positive real number", positive=True)
-    return current_impl().fused_moe(hidden_states, w13, w2, topk_weights, topk_ids, w13_bias=w13_bias,
-                                    w2_bias=w2_bias, swiglu_limit=swiglu_limit)
 
 
+@kernel_op(validate=_v.check_fused_moe, reference=ref.fused_moe_reference,
+           npu=reference_on_device("moe"))
 def fused_moe_reference(hidden_states, w13, w2, topk_weights, topk_ids) -> torch.Tensor:
     """Mixture of experts with SiLU-gated experts, tokens grouped by expert.
 
@@ -281,18 +245,18 @@ def fused_moe_reference(hidden_states, w13, w2, topk_weights, topk_ids) -> torch
     out[t] = sum_i topk_weights[t, i] * w2[e] @ silu_and_mul(w13[e] @ x[t]) with e = topk_ids[t, i];
     accumulation in float32, result in hidden_states' dtype.
     """
-    if _SWITCH.enabled:
-        _v.check_fused_moe(hidden_states, w13, w2, topk_weights, topk_ids)
-    return current_impl().fused_moe_reference(hidden_states, w13, w2, topk_weights, topk_ids)
 
 
+@kernel_op(validate=_v.check_sample_greedy, reference=ref.sample_greedy,
+           npu=NpuBinding(target="torch.argmax on the NPU device", kind="torch"))
 def sample_greedy(logits) -> torch.Tensor:
     """Argmax token per row of logits `[num_reqs, vocab]` -> int64 `[num_reqs]` (lowest id on ties)."""
-    if _SWITCH.enabled:
-        _v._logits("sample_greedy", "logits", logits)
-    return current_impl().sample_greedy(logits)
 
 
+@kernel_op(validate=_v.check_sample, reference=ref.sample,
+           npu=NpuBinding(target="torch_npu.npu_top_k_top_p + reference sampling", kind="torch_npu",
+                          impl="ascend_kernels.npu_backend:sample", note="the fused filter for top_k and/or "
+                               "top_p; top_k above 1024 runs the reference"))
 def sample(logits, temperature, top_k=None, top_p=None, generator: torch.Generator | None = None) -> torch.Tensor:
     """Sample one token per row of logits `[num_reqs, vocab]` -> int64 `[num_reqs]`.
 
@@ -302,11 +266,10 @@ def sample(logits, temperature, top_k=None, top_p=None, generator: torch.Generat
     likely tokens whose mass reaches p, at least one; 1.0 disables), renormalised. None disables either filter.
     Randomness comes from `generator` (a torch.Generator on logits' device) when given.
     """
-    if _SWITCH.enabled:
-        _v.check_sample(logits, temperature, top_k, top_p, generator)
-    return current_impl().sample(logits, temperature, top_k, top_p, generator)
 
 
+@kernel_op(validate=_v.check_rejection_sample, reference=ref.rejection_sample,
+           npu=reference_on_device("rejection"))
 def rejection_sample(
     draft_token_ids,
     draft_probs,
@@ -348,23 +311,10 @@ def rejection_sample(
     then the recovered or bonus token) followed by -1 padding; and num_accepted int64 `[num_reqs]` (accepted draft
     tokens, 0..number of drafts). Randomness from `generator` when given.
     """
-    if _SWITCH.enabled:
-        _v.check_rejection_sample(
-            draft_token_ids, draft_probs, target_logits, bonus_token_ids, temperature, top_k, top_p, generator
-        )
-    return current_impl().rejection_sample(
-        draft_token_ids,
-        draft_probs,
-        target_logits,
-        bonus_token_ids,
-        temperature=temperature,
-        top_k=top_k,
-        top_p=top_p,
-        generator=generator,
-        target_is_probs=target_is_probs,
-    )
 
 
+@kernel_op(validate=_v.check_compute_slot_mapping, reference=ref.compute_slot_mapping,
+           npu=reference_on_device("batch_prep", "reads the token count back (one sync per step)"))
 def compute_slot_mapping(block_table, req_indices, query_start_loc, positions, block_size: int, *, out) -> torch.Tensor:
     """The KV cache slot of every scheduled token, from its request's block table; written into `out`.
 
@@ -375,12 +325,10 @@ def compute_slot_mapping(block_table, req_indices, query_start_loc, positions, b
     out int64 `[max_tokens]` (at least `query_start_loc[-1]` long): entries past the batch's tokens become -1.
     Returns out.
     """
-    if _SWITCH.enabled:
-        _v.check_compute_slot_mapping(block_table, req_indices, query_start_loc, positions, block_size, out)
-    return current_impl().compute_slot_mapping(block_table, req_indices, query_start_loc, positions, block_size,
-                                               out=out)
 
 
+@kernel_op(validate=_v.check_gumbel_sample, reference=ref.gumbel_sample,
+           npu=reference_on_device("gumbel"))
 def gumbel_sample(logits, temperature, seeds, positions, *, apply_temperature: bool = True,
                   fp64: bool = False) -> torch.Tensor:
     """One token per row of logits `[num_rows, vocab]` by Gumbel-max with counter-based noise -> int64 `[num_rows]`.
@@ -391,34 +339,30 @@ def gumbel_sample(logits, temperature, seeds, positions, *, apply_temperature: b
     (seeds[r], positions[r], j) (int64 `[num_rows]` each): vLLM Model Runner V2's murmur3 stream, so a seeded request
     repeats exactly whatever else is in its batch. Noise and the argmax run in float64 when `fp64`.
     """
-    if _SWITCH.enabled:
-        _v.check_gumbel_sample(logits, temperature, seeds, positions, fp64)
-    return current_impl().gumbel_sample(logits, temperature, seeds, positions, apply_temperature=apply_temperature,
-                                        fp64=fp64)
 
 
+@kernel_op(validate=_v.check_gather_logprobs, reference=ref.gather_logprobs,
+           npu=reference_on_device("logprobs"))
 def gather_logprobs(logits, token_ids) -> torch.Tensor:
     """Log-probabilities `log_softmax(logits)[r, token_ids[r, i]]` in float32 -> `[num_rows, k]`.
 
     logits float `[num_rows, vocab]`, token_ids int `[num_rows, k]` (each in [0, vocab)); the softmax is over the whole
     row in float32 (max-shifted log-sum-exp), without materialising the `[num_rows, vocab]` log-probabilities.
     """
-    if _SWITCH.enabled:
-        _v.check_gather_logprobs(logits, token_ids)
-    return current_impl().gather_logprobs(logits, token_ids)
 
 
+@kernel_op(validate=_v.check_token_ranks, reference=ref.token_ranks,
+           npu=reference_on_device("logprobs"))
 def token_ranks(logits, token_ids) -> torch.Tensor:
     """Rank of token_ids[r] (int `[num_rows]`) in its row of logits `[num_rows, vocab]` -> int64 `[num_rows]`:
     the number of entries whose logit is >= the token's (so the most likely token has rank 1, ties count)."""
-    if _SWITCH.enabled:
-        _v.check_token_ranks(logits, token_ids)
-    return current_impl().token_ranks(logits, token_ids)
 
 
 # ------------------------------------------------------------------------- sparse attention (SFA, DeepSeek V3.2)
 
 
+@kernel_op(validate=_vs.check_quantize_fp8_groups, reference=ref.quantize_fp8_groups,
+           npu=reference_on_device("sparse_mla", "float8_e4m3fn casts on the device"))
 def quantize_fp8_groups(x, *, group_size: int, pow2_scales: bool = True):
     """Per-group dynamic float8_e4m3fn quantization along the last dim (DeepSeek V3.2's indexer query).
 
@@ -426,11 +370,10 @@ def quantize_fp8_groups(x, *, group_size: int, pow2_scales: bool = True):
     power of two when `pow2_scales` (ue8m0); values = clamp(x / scale, +-448) rounded to nearest float8_e4m3fn.
     Returns (values float8_e4m3fn `[..., D]`, scales float32 `[..., D // group_size]`).
     """
-    if _SWITCH.enabled:
-        _vs.check_quantize_fp8_groups(x, group_size)
-    return current_impl().quantize_fp8_groups(x, group_size=group_size, pow2_scales=pow2_scales)
 
 
+@kernel_op(validate=_vs.check_indexer_cache_write, reference=ref.indexer_cache_write,
+           npu=reference_on_device("sparse_mla", "fp8 e4m3 + float32 scale per 128 elements, scattered by slot"))
 def indexer_cache_write(k, k_cache, scale_cache, slot_mapping) -> None:
     """Write each token's lightning-indexer key into its slot of the indexer cache, fp8-quantized, in place.
 
@@ -439,11 +382,10 @@ def indexer_cache_write(k, k_cache, scale_cache, slot_mapping) -> None:
     value = k / scale per 128 elements with scale = 2^ceil(log2(amax / 448)). Slots as in `reshape_and_cache`
     (slot_mapping at least num_tokens long; -1 skipped).
     """
-    if _SWITCH.enabled:
-        _vs.check_indexer_cache_write(k, k_cache, scale_cache, slot_mapping)
-    current_impl().indexer_cache_write(k, k_cache, scale_cache, slot_mapping)
 
 
+@kernel_op(validate=_vs.check_indexer_topk, reference=ref.indexer_topk,
+           npu=reference_on_device("sparse_mla", "npu_lightning_indexer needs bf16 keys; one loop step per request"))
 def indexer_topk(q, weights, k_cache, scale_cache, block_table, query_start_loc, seq_lens, *, topk: int,
                  query_start_loc_host: list[int] | None = None, seq_lens_host: list[int] | None = None) -> torch.Tensor:
     """The lightning indexer: each query token's `topk` best key positions in its own request.
@@ -456,15 +398,11 @@ def indexer_topk(q, weights, k_cache, scale_cache, block_table, query_start_loc,
     min(topk, p + 1) highest scores in descending position order, then -1 (rows of padding tokens are all -1).
     `query_start_loc_host` / `seq_lens_host`: the same lengths as host lists (see the module docstring).
     """
-    if _SWITCH.enabled:
-        _vs.check_indexer_topk(q, weights, k_cache, scale_cache, block_table, query_start_loc, seq_lens, topk)
-        _v.host_lengths("indexer_topk", "query_start_loc_host", query_start_loc_host, query_start_loc.shape[0])
-        _v.host_lengths("indexer_topk", "seq_lens_host", seq_lens_host, seq_lens.shape[0])
-    return current_impl().indexer_topk(q, weights, k_cache, scale_cache, block_table, query_start_loc, seq_lens,
-                                       topk=topk, query_start_loc_host=query_start_loc_host,
-                                       seq_lens_host=seq_lens_host)
 
 
+@kernel_op(validate=_vs.check_sparse_mla_attention, reference=ref.sparse_mla_attention,
+           npu=reference_on_device("sparse_mla", "npu_sparse_flash_attention is not a torch_npu op; gathers the "
+                                                 "selected latents by position"))
 def sparse_mla_attention(q_nope_absorbed, q_rope, latent_cache, rope_cache, block_table, query_start_loc,
                          topk_positions, *, scale: float, out=None,
                          query_start_loc_host: list[int] | None = None) -> torch.Tensor:
@@ -478,19 +416,16 @@ def sparse_mla_attention(q_nope_absorbed, q_rope, latent_cache, rope_cache, bloc
     that selected nothing are zeros; written into `out` when given). `query_start_loc_host`: the same offsets as a
     host list (see the module docstring).
     """
-    if _SWITCH.enabled:
-        _vs.check_sparse_mla_attention(q_nope_absorbed, q_rope, latent_cache, rope_cache, block_table,
-                                       query_start_loc, topk_positions, scale, out)
-        _v.host_lengths("sparse_mla_attention", "query_start_loc_host", query_start_loc_host,
-                        query_start_loc.shape[0])
-    return current_impl().sparse_mla_attention(q_nope_absorbed, q_rope, latent_cache, rope_cache, block_table,
-                                               query_start_loc, topk_positions, scale=scale, out=out,
-                                               query_start_loc_host=query_start_loc_host)
 
 
 # ------------------------------------------------------------------------- context parallelism (PCP)
 
 
+@kernel_op(validate=_vcp.check_attention_with_lse, reference=ref.attention_with_lse,
+           npu=NpuBinding(target="torch_npu.npu_fused_infer_attention_score", kind="torch_npu",
+                          impl="ascend_kernels.npu_backend:attention_with_lse", note="TND q/k/v, cumulative q/kv "
+                               "lengths, softmax_lse_flag; sparse_mode 3 (bottom-right causal) with the 2048x2048 "
+                               "mask when causal"))
 def attention_with_lse(q, k, v, query_start_loc, kv_start_loc, *, scale: float, causal: bool = True, out=None,
                        query_start_loc_host: list[int] | None = None, kv_start_loc_host: list[int] | None = None):
     """Attention over contiguous K/V rows that also returns each query row's log-sum-exp (one part of a merge).
@@ -504,15 +439,12 @@ def attention_with_lse(q, k, v, query_start_loc, kv_start_loc, *, scale: float, 
     `[num_tokens, num_heads]` float32 (float64 for float64 inputs), natural log, -inf where a row saw no key, whose
     output is 0; rows past the last query are 0 / -inf).
     """
-    if _SWITCH.enabled:
-        _vcp.check_attention_with_lse(q, k, v, query_start_loc, kv_start_loc, scale, out)
-        _v.host_lengths("attention_with_lse", "query_start_loc_host", query_start_loc_host, query_start_loc.shape[0])
-        _v.host_lengths("attention_with_lse", "kv_start_loc_host", kv_start_loc_host, kv_start_loc.shape[0])
-    return current_impl().attention_with_lse(q, k, v, query_start_loc, kv_start_loc, scale=scale, causal=causal,
-                                             out=out, query_start_loc_host=query_start_loc_host,
-                                             kv_start_loc_host=kv_start_loc_host)
 
 
+@kernel_op(validate=_vcp.check_paged_attention_with_lse, reference=ref.paged_attention_with_lse,
+           npu=NpuBinding(target="torch_npu.npu_fused_infer_attention_score", kind="torch_npu",
+                          impl="ascend_kernels.npu_backend:paged_attention_with_lse", note="TND query over the "
+                               "paged cache [blocks, block_size, heads*dim] with block_table, softmax_lse_flag"))
 def paged_attention_with_lse(query, key_cache, value_cache, block_table, query_start_loc, seq_lens, *,
                              scale: float, causal: bool = True, out=None, query_start_loc_host: list[int] | None = None,
                              seq_lens_host: list[int] | None = None):
@@ -522,18 +454,12 @@ def paged_attention_with_lse(query, key_cache, value_cache, block_table, query_s
     `causal=False` (every cached key precedes every query of the chunk). A row with seq_len 0 gives output 0 and
     lse -inf. Returns (out, lse).
     """
-    if _SWITCH.enabled:
-        _vcp.check_paged_attention_with_lse(query, key_cache, value_cache, block_table, query_start_loc, seq_lens,
-                                            scale, out)
-        _v.host_lengths("paged_attention_with_lse", "query_start_loc_host", query_start_loc_host,
-                        query_start_loc.shape[0])
-        _v.host_lengths("paged_attention_with_lse", "seq_lens_host", seq_lens_host, seq_lens.shape[0])
-    return current_impl().paged_attention_with_lse(query, key_cache, value_cache, block_table, query_start_loc,
-                                                   seq_lens, scale=scale, causal=causal, out=out,
-                                                   query_start_loc_host=query_start_loc_host,
-                                                   seq_lens_host=seq_lens_host)
 
 
+@kernel_op(validate=_vcp.check_merge_attention_states, reference=ref.merge_attention_states,
+           npu=NpuBinding(target="torch_npu.npu_attention_update", kind="torch_npu",
+                          impl="ascend_kernels.npu_backend:merge_attention_states", note="float32 [tokens*heads, "
+                               "dim] outputs and [tokens*heads] lses, update_type 0; the merged lse by logsumexp"))
 def merge_attention_states(outputs, lses, *, out=None):
     """Merge partial attention results by their log-sum-exps: the attention over the union of their keys.
 
@@ -542,11 +468,10 @@ def merge_attention_states(outputs, lses, *, out=None):
     outputs' dtype, written into `out` when given; lse = log sum_s exp(lse_s), float32 or float64 as
     `attention_with_lse`). A row no part saw a key in comes out 0 with lse -inf.
     """
-    if _SWITCH.enabled:
-        _vcp.check_merge_attention_states(outputs, lses, out)
-    return current_impl().merge_attention_states(outputs, lses, out=out)
 
 
+@kernel_op(validate=_vcp.check_gather_kv_rows, reference=ref.gather_kv_rows,
+           npu=NpuBinding(target="torch.index_select on the NPU device", kind="torch"))
 def gather_kv_rows(packed_kv, index, *, key_size: int):
     """Select rows of the K|V all-gathered from every PCP rank and split them into keys and values.
 
@@ -555,6 +480,17 @@ def gather_kv_rows(packed_kv, index, *, key_size: int):
     keys in position order). Returns (keys `[num_rows, num_kv_heads, key_size]`, values `[num_rows, num_kv_heads,
     value_size]`), possibly strided views of one gathered copy.
     """
-    if _SWITCH.enabled:
-        _vcp.check_gather_kv_rows(packed_kv, index, key_size)
-    return current_impl().gather_kv_rows(packed_kv, index, key_size=key_size)
+
+
+def _reexport_families() -> list[str]:
+    """Every op of the other op modules (DeepSeek V4, V4.1, ...) is `ops.<name>` too; `__all__` is every op."""
+    from ascend_kernels import op_registry
+
+    names = list(op_registry.declarations())
+    for name, decl in op_registry.declarations().items():
+        if decl.module != __name__:
+            globals()[name] = getattr(importlib.import_module(decl.module), name)
+    return names
+
+
+__all__ = _reexport_families()

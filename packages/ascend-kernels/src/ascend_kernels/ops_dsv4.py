@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import torch
 
+from ascend_kernels import reference as ref
 from ascend_kernels import validation_dsv4 as _vd
-from ascend_kernels.registry import current_impl
-from ascend_kernels.validation import SWITCH as _SWITCH
+from ascend_kernels.op_registry import kernel_op, reference_on_device
 
 __all__ = [
     "dsv4_qnorm_rope_kv_insert",
@@ -33,6 +33,8 @@ __all__ = [
 ]
 
 
+@kernel_op(validate=_vd.check_dsv4_qnorm_rope_kv_insert, reference=ref.dsv4_qnorm_rope_kv_insert,
+           npu=reference_on_device("dsv4_attention", "fp8_ds_mla insert with UE8M0 tile scales"))
 def dsv4_qnorm_rope_kv_insert(q, kv, positions, swa_kv_cache_2d, slot_mapping, cos_sin_cache, q_head_padded: int,
                               eps: float, cache_block_size: int, *, apply_q_norm: bool = True) -> torch.Tensor:
     """`fused_qnorm_rope_kv_insert_cpu`: the queries' weight-free RMSNorm + GPT-J RoPE, and the KV insert.
@@ -46,13 +48,10 @@ def dsv4_qnorm_rope_kv_insert(q, kv, positions, swa_kv_cache_2d, slot_mapping, c
     scales; like the upstream kernel, values below fp8's smallest normal are flushed to zero. apply_q_norm=False
     (DeepSeek V4.1, whose query is normed before wq_b: upstream's `apply_q_norm` argument) skips the query norm.
     """
-    if _SWITCH.enabled:
-        _vd.check_qnorm_rope_kv_insert(q, kv, positions, swa_kv_cache_2d, slot_mapping, cos_sin_cache,
-                                       q_head_padded, eps, cache_block_size)
-    return current_impl().dsv4_qnorm_rope_kv_insert(q, kv, positions, swa_kv_cache_2d, slot_mapping, cos_sin_cache,
-                                                    q_head_padded, eps, cache_block_size, apply_q_norm=apply_q_norm)
 
 
+@kernel_op(validate=_vd.check_save_partial_states, reference=ref.dsv4_save_partial_states,
+           npu=reference_on_device("dsv4_compressor", "scatter by slot"))
 def dsv4_save_partial_states(kv, score, ape, positions, state_cache, slot_mapping) -> None:
     """`save_partial_states_cpu`: each token's compressor inputs into its state-cache slot, in place.
 
@@ -61,11 +60,10 @@ def dsv4_save_partial_states(kv, score, ape, positions, state_cache, slot_mappin
     float `[num_blocks, block_size, 2 * state_width]` (strided views allowed): slot s gets `[kv[t] | score[t] +
     ape[positions[t] % compress_ratio]]`, added in the state cache's precision.
     """
-    if _SWITCH.enabled:
-        _vd.check_save_partial_states(kv, score, ape, positions, state_cache, slot_mapping)
-    current_impl().dsv4_save_partial_states(kv, score, ape, positions, state_cache, slot_mapping)
 
 
+@kernel_op(validate=_vd.check_dsv4_compress_norm_rope_store, reference=ref.dsv4_compress_norm_rope_store,
+           npu=reference_on_device("dsv4_compressor", "one nonzero() sync per call"))
 def dsv4_compress_norm_rope_store(state_cache, gather_slots, positions, kv_slot_mapping, rms_norm_weight,
                                   rms_norm_eps: float, cos_sin_cache, kv_cache_2d, kv_cache_block_size: int,
                                   compress_ratio: int) -> None:
@@ -79,31 +77,21 @@ def dsv4_compress_norm_rope_store(state_cache, gather_slots, positions, kv_slot_
     position `(p // compress_ratio) * compress_ratio`; the nope dims rounded through bf16 then fp8 with UE8M0 tile
     scales (exact subnormals), the rope dims stored as bf16, at kv_slot_mapping[t] of kv_cache_2d.
     """
-    if _SWITCH.enabled:
-        _vd.check_compress_norm_rope_store("dsv4_compress_norm_rope_store", state_cache, gather_slots, positions,
-                                           kv_slot_mapping, rms_norm_weight, rms_norm_eps, cos_sin_cache,
-                                           kv_cache_2d, kv_cache_block_size, compress_ratio, indexer=False)
-    current_impl().dsv4_compress_norm_rope_store(state_cache, gather_slots, positions, kv_slot_mapping,
-                                                 rms_norm_weight, rms_norm_eps, cos_sin_cache, kv_cache_2d,
-                                                 kv_cache_block_size, compress_ratio)
 
 
+@kernel_op(validate=_vd.check_dsv4_compress_norm_rope_store_indexer,
+           reference=ref.dsv4_compress_norm_rope_store_indexer,
+           npu=reference_on_device("dsv4_compressor", "one nonzero() sync per call"))
 def dsv4_compress_norm_rope_store_indexer(state_cache, gather_slots, positions, kv_slot_mapping, rms_norm_weight,
                                           rms_norm_eps: float, cos_sin_cache, kv_cache_2d, kv_cache_block_size: int,
                                           compress_ratio: int) -> None:
     """`compress_norm_rope_store_indexer_cpu`: `dsv4_compress_norm_rope_store`'s pooling, norm and RoPE (rope_dim =
     cos_sin_cache's width, any head_dim above it) into the indexer K cache: the whole rotated row rounded through
     bf16, then one fp8 block with scale `2^ceil(log2(max(amax, 1e-4) / 448))` stored as a plain float32."""
-    if _SWITCH.enabled:
-        _vd.check_compress_norm_rope_store("dsv4_compress_norm_rope_store_indexer", state_cache, gather_slots,
-                                           positions, kv_slot_mapping, rms_norm_weight, rms_norm_eps,
-                                           cos_sin_cache, kv_cache_2d, kv_cache_block_size, compress_ratio,
-                                           indexer=True)
-    current_impl().dsv4_compress_norm_rope_store_indexer(state_cache, gather_slots, positions, kv_slot_mapping,
-                                                         rms_norm_weight, rms_norm_eps, cos_sin_cache, kv_cache_2d,
-                                                         kv_cache_block_size, compress_ratio)
 
 
+@kernel_op(validate=_vd.check_dsv4_indexer_q_rope_quant, reference=ref.dsv4_indexer_q_rope_quant,
+           npu=reference_on_device("dsv4_indexer", "float8_e4m3fn casts on the device"))
 def dsv4_indexer_q_rope_quant(positions, index_q, index_q_cos_sin_cache, index_q_fp8, index_weights,
                               index_weights_softmax_scale: float, index_weights_head_scale: float,
                               index_weights_out) -> None:
@@ -116,14 +104,10 @@ def dsv4_indexer_q_rope_quant(positions, index_q, index_q_cos_sin_cache, index_q
     float dtype, which then holds the fp8 values) gets the quantized row; index_weights_out float `[num_tokens,
     heads]` gets `index_weights * scale * softmax_scale * head_scale` (float32 products in that order).
     """
-    if _SWITCH.enabled:
-        _vd.check_indexer_q_rope_quant(positions, index_q, index_q_cos_sin_cache, index_q_fp8, index_weights,
-                                       index_weights_softmax_scale, index_weights_head_scale, index_weights_out)
-    current_impl().dsv4_indexer_q_rope_quant(positions, index_q, index_q_cos_sin_cache, index_q_fp8, index_weights,
-                                             index_weights_softmax_scale, index_weights_head_scale,
-                                             index_weights_out)
 
 
+@kernel_op(validate=_vd.check_fp8_paged_mqa_logits, reference=ref.dsv4_fp8_paged_mqa_logits,
+           npu=reference_on_device("dsv4_indexer", "dequantizes the visible keys per chunk of rows"))
 def dsv4_fp8_paged_mqa_logits(q_fp8, kvcache_fp8, weight, seq_lens, page_table, block_size: int,
                               max_seq_len: int) -> torch.Tensor:
     """`fp8_paged_mqa_logits_cpu`: the indexer's logits of each row over its paged K cache.
@@ -134,12 +118,10 @@ def dsv4_fp8_paged_mqa_logits(q_fp8, kvcache_fp8, weight, seq_lens, page_table, 
     relu(q[b, h] . k_j)` with k_j the fp8 record of position j (page `page_table[b, j // block_size]`); -inf past
     seq_len (upstream leaves those entries uninitialized; its only consumer never reads them).
     """
-    if _SWITCH.enabled:
-        _vd.check_fp8_paged_mqa_logits(q_fp8, kvcache_fp8, weight, seq_lens, page_table, block_size, max_seq_len)
-    return current_impl().dsv4_fp8_paged_mqa_logits(q_fp8, kvcache_fp8, weight, seq_lens, page_table, block_size,
-                                                    max_seq_len)
 
 
+@kernel_op(validate=_vd.check_topk_transform, reference=ref.dsv4_topk_transform,
+           npu=reference_on_device("dsv4_indexer", "a stable sort per row"))
 def dsv4_topk_transform(scores, seq_lens, page_tables, out_page_indices, page_size: int,
                         out_raw_indices=None) -> None:
     """`topk_transform_512_cpu` for any top-k: each row's best positions, in place.
@@ -151,11 +133,10 @@ def dsv4_topk_transform(scores, seq_lens, page_tables, out_page_indices, page_si
     consumers treat the row as a set), then -1. out_raw_indices (optional, same shape) gets the positions,
     out_page_indices `page_tables[b, j // page_size] * page_size + j % page_size`.
     """
-    if _SWITCH.enabled:
-        _vd.check_topk_transform(scores, seq_lens, page_tables, out_page_indices, page_size, out_raw_indices)
-    current_impl().dsv4_topk_transform(scores, seq_lens, page_tables, out_page_indices, page_size, out_raw_indices)
 
 
+@kernel_op(validate=_vd.check_sparse_mla_with_kvcache, reference=ref.dsv4_sparse_mla_with_kvcache,
+           npu=reference_on_device("dsv4_attention", "gathers and dequantizes the selected records"))
 def dsv4_sparse_mla_with_kvcache(out, q, window_cache_2d, window_slots, window_block_size: int, compressed_cache_2d,
                                  compressed_slots, compressed_block_size: int, attn_sink, scale: float) -> None:
     """`flash_mla_with_kvcache_cpu`: sparse MQA of each token over its window and compressed cache entries, in place.
@@ -170,15 +151,10 @@ def dsv4_sparse_mla_with_kvcache(out, q, window_cache_2d, window_slots, window_b
     `[num_heads]` as one more logit with a zero value; out = `sum_j w_j k_j` (the full record is the value). A token
     with no valid slot gets zeros.
     """
-    if _SWITCH.enabled:
-        _vd.check_sparse_mla_with_kvcache(out, q, window_cache_2d, window_slots, window_block_size,
-                                          compressed_cache_2d, compressed_slots, compressed_block_size, attn_sink,
-                                          scale)
-    current_impl().dsv4_sparse_mla_with_kvcache(out, q, window_cache_2d, window_slots, window_block_size,
-                                                compressed_cache_2d, compressed_slots, compressed_block_size,
-                                                attn_sink, scale)
 
 
+@kernel_op(validate=_vd.check_inverse_rope_o_proj, reference=ref.dsv4_inverse_rope_o_proj,
+           npu=reference_on_device("dsv4_attention", "elementwise"))
 def dsv4_inverse_rope_o_proj(o, positions, cos_sin_cache, rope_dim: int) -> torch.Tensor:
     """`inverse_gptj_rope_o_proj_cpu`: undo the query's GPT-J RoPE on the attention output.
 
@@ -187,14 +163,13 @@ def dsv4_inverse_rope_o_proj(o, positions, cos_sin_cache, rope_dim: int) -> torc
     the last rope_dim rotated by `-angle`. The `wo_a` projection that follows upstream (`bmm_cpu` over VNNI-packed
     weights) is a plain `torch.bmm` / matmul on the caller's side, not part of this op.
     """
-    if _SWITCH.enabled:
-        _vd.check_inverse_rope_o_proj(o, positions, cos_sin_cache, rope_dim)
-    return current_impl().dsv4_inverse_rope_o_proj(o, positions, cos_sin_cache, rope_dim)
 
 
 # ------------------------------------------------------------------------- hyper-connections (mHC)
 
 
+@kernel_op(validate=_vd.check_mhc_pre, reference=ref.dsv4_mhc_pre,
+           npu=reference_on_device("dsv4_hyper", "one matmul, sigmoid/softmax and the Sinkhorn loop"))
 def dsv4_mhc_pre(residual, fn, hc_scale, hc_base, rms_eps: float, hc_pre_eps: float, hc_sinkhorn_eps: float,
                  hc_post_mult_value: float, sinkhorn_repeat: int):
     """vLLM's `mhc_pre_torch` for any float dtype: the hyper-connection pre block.
@@ -207,23 +182,20 @@ def dsv4_mhc_pre(residual, fn, hc_scale, hc_base, rms_eps: float, hc_pre_eps: fl
     comb_mix float32 `[..., hc, hc]`, layer_input `sum_i pre_i * residual_i` `[..., hidden]` in residual's dtype);
     float64 inputs compute and return float64 mixes.
     """
-    if _SWITCH.enabled:
-        _vd.check_mhc_pre(residual, fn, hc_scale, hc_base, sinkhorn_repeat)
-    return current_impl().dsv4_mhc_pre(residual, fn, hc_scale, hc_base, rms_eps, hc_pre_eps, hc_sinkhorn_eps,
-                                       hc_post_mult_value, sinkhorn_repeat)
 
 
+@kernel_op(validate=_vd.check_mhc_post, reference=ref.dsv4_mhc_post,
+           npu=reference_on_device("dsv4_hyper", "one einsum"))
 def dsv4_mhc_post(x, residual, post_layer_mix, comb_res_mix):
     """vLLM's `mhc_post_torch` for any float dtype: out[j] = `sum_i comb[i, j] * residual[i] + post[j] * x`.
 
     x `[..., hidden]`, residual `[..., hc, hidden]`, post_layer_mix `[..., hc, 1]`, comb_res_mix `[..., hc, hc]`;
     returns `[..., hc, hidden]` in residual's dtype (float32 arithmetic, float64 for float64 residuals).
     """
-    if _SWITCH.enabled:
-        _vd.check_mhc_post(x, residual, post_layer_mix, comb_res_mix)
-    return current_impl().dsv4_mhc_post(x, residual, post_layer_mix, comb_res_mix)
 
 
+@kernel_op(validate=_vd.check_hc_head, reference=ref.dsv4_hc_head,
+           npu=reference_on_device("dsv4_hyper", "one matmul and a weighted sum"))
 def dsv4_hc_head(hidden_states, hc_fn, hc_scale, hc_base, rms_norm_eps: float, hc_eps: float):
     """The hyper-connection head (transformers' DeepseekV4HyperHead; vLLM's `hc_head_fused_*`): streams -> one.
 
@@ -231,6 +203,3 @@ def dsv4_hc_head(hidden_states, hc_fn, hc_scale, hc_base, rms_norm_eps: float, h
     the streams flattened, mixes = `(flat * rsqrt(mean(flat^2) + rms_norm_eps)) @ hc_fn.T`, pre = `sigmoid(mixes *
     hc_scale + hc_base) + hc_eps`; returns `sum_i pre_i * hidden_states_i` `[..., hidden]` in hidden_states' dtype.
     """
-    if _SWITCH.enabled:
-        _vd.check_hc_head(hidden_states, hc_fn, hc_scale, hc_base)
-    return current_impl().dsv4_hc_head(hidden_states, hc_fn, hc_scale, hc_base, rms_norm_eps, hc_eps)

@@ -11,9 +11,9 @@ with V4 (sparse MLA, the indexer query, paged MQA logits, top-k, inverse RoPE, m
 
 from __future__ import annotations
 
+from ascend_kernels import reference as ref
 from ascend_kernels import validation_dsv41 as _vd
-from ascend_kernels.registry import current_impl
-from ascend_kernels.validation import SWITCH as _SWITCH
+from ascend_kernels.op_registry import kernel_op, reference_on_device
 
 __all__ = [
     "dsv41_mhc_pre_delayed",
@@ -31,6 +31,8 @@ __all__ = [
 ]
 
 
+@kernel_op(validate=_vd.check_mhc_pre_delayed, reference=ref.dsv41_mhc_pre_delayed,
+           npu=reference_on_device("dsv41_hyper", "one matmul, sigmoid/softmax and the Sinkhorn loop"))
 def dsv41_mhc_pre_delayed(residual, fn, hc_scale, hc_base, rms_eps: float, hc_pre_eps: float,
                           hc_sinkhorn_eps: float, hc_post_mult_value: float, sinkhorn_repeat: int, pre_mix=None,
                           x=None, norm_weight=None, norm_eps: float = 1e-6):
@@ -46,23 +48,18 @@ def dsv41_mhc_pre_delayed(residual, fn, hc_scale, hc_base, rms_eps: float, hc_pr
     `[tokens, hc, hc]`, layer_input `[tokens, hidden]` in residual's dtype, pre float32 `[tokens, hc]`: this block's
     coefficients for the next sublayer); float64 residuals give float64 mixes.
     """
-    if _SWITCH.enabled:
-        _vd.check_mhc_pre_delayed(residual, fn, hc_scale, hc_base, sinkhorn_repeat, pre_mix, x, norm_weight,
-                                  norm_eps)
-    return current_impl().dsv41_mhc_pre_delayed(residual, fn, hc_scale, hc_base, rms_eps, hc_pre_eps,
-                                                hc_sinkhorn_eps, hc_post_mult_value, sinkhorn_repeat, pre_mix, x,
-                                                norm_weight, norm_eps)
 
 
+@kernel_op(validate=_vd.check_hc_collapse, reference=ref.dsv41_hc_collapse,
+           npu=reference_on_device("dsv41_hyper", "a weighted sum"))
 def dsv41_hc_collapse(x, pre_mix):
     """`model_executor/kernels/mhc/triton.py::hc_collapse_triton`: the final collapse of the streams (V4.1 has no
     learned head). x float `[tokens, hc, hidden]`, pre_mix float `[tokens, hc]` (the last FFN's pre); returns
     `sum_j pre_mix[j] * x[j]` `[tokens, hidden]` in x's dtype (float32 products and sum, float64 for float64 x)."""
-    if _SWITCH.enabled:
-        _vd.check_hc_collapse(x, pre_mix)
-    return current_impl().dsv41_hc_collapse(x, pre_mix)
 
 
+@kernel_op(validate=_vd.check_dsv41_q_rope_kv_insert, reference=ref.dsv41_q_rope_kv_insert,
+           npu=reference_on_device("dsv41_attention", "elementwise RoPE and a scatter by slot"))
 def dsv41_q_rope_kv_insert(q, kv, positions, swa_kv_cache, slot_mapping, cos_sin_cache,
                            cache_block_size: int):
     """V4.1's plain-row sliding-window insert (vLLM: `fused_deepseek_v4_qnorm_rope_kv_rope_full_cache_bf16_insert`
@@ -74,15 +71,13 @@ def dsv41_q_rope_kv_insert(q, kv, positions, swa_kv_cache, slot_mapping, cos_sin
     dtype; float32 keeps it exact) at `(slot // cache_block_size, slot % cache_block_size)` of swa_kv_cache `[blocks,
     cache_block_size, head_dim]` (or its `[blocks, >= cache_block_size * head_dim]` flat view).
     """
-    if _SWITCH.enabled:
-        _vd.check_q_rope_kv_insert(q, kv, positions, swa_kv_cache, slot_mapping, cos_sin_cache, cache_block_size)
-    return current_impl().dsv41_q_rope_kv_insert(q, kv, positions, swa_kv_cache, slot_mapping, cos_sin_cache,
-                                                 cache_block_size)
 
 
 # ------------------------------------------------------------------------------ compressor and cache inserts
 
 
+@kernel_op(validate=_vd.check_save_compress_norm, reference=ref.dsv41_save_compress_norm,
+           npu=reference_on_device("dsv41_compressor", "one host loop over the requests for the ring store"))
 def dsv41_save_compress_norm(kv_score, positions, state_cache, slot_mapping, query_start_loc, token_to_req_indices,
                              rms_norm_weight, rms_norm_eps: float, compress_ratio: int, latent_out) -> None:
     """`models/deepseek_v41/common/ops/fused_compress_quant_cache.py::fused_save_compress_norm`, in place.
@@ -100,14 +95,10 @@ def dsv41_save_compress_norm(kv_score, positions, state_cache, slot_mapping, que
     are rounded through bfloat16 (upstream's latent is bf16) and stored in latent_out's float dtype; rows of other
     tokens are not written.
     """
-    if _SWITCH.enabled:
-        _vd.check_save_compress_norm(kv_score, positions, state_cache, slot_mapping, query_start_loc,
-                                     token_to_req_indices, rms_norm_weight, rms_norm_eps, compress_ratio, latent_out)
-    current_impl().dsv41_save_compress_norm(kv_score, positions, state_cache, slot_mapping, query_start_loc,
-                                            token_to_req_indices, rms_norm_weight, rms_norm_eps, compress_ratio,
-                                            latent_out)
 
 
+@kernel_op(validate=_vd.check_rope_quant_insert, reference=ref.dsv41_rope_quant_insert,
+           npu=reference_on_device("dsv41_compressor", "one nonzero() sync per call"))
 def dsv41_rope_quant_insert(latent, positions, cos_sin_cache, kv_cache, slot_mapping, compress_ratio: int,
                             fp8_scale=None) -> None:
     """`models/deepseek_v41/common/ops/fused_compress_quant_cache.py::rope_quant_insert`: publish latents, in place.
@@ -124,13 +115,10 @@ def dsv41_rope_quant_insert(latent, positions, cos_sin_cache, kv_cache, slot_map
       exponents (one per 64 nope dims) and a zero byte.
     fp8 scales are `2^ceil(log2(max(amax, 1e-4) / 448))` per block, values clamped to +-448, rounded to nearest even.
     """
-    if _SWITCH.enabled:
-        _vd.check_rope_quant_insert(latent, positions, cos_sin_cache, kv_cache, slot_mapping, compress_ratio,
-                                    fp8_scale)
-    current_impl().dsv41_rope_quant_insert(latent, positions, cos_sin_cache, kv_cache, slot_mapping, compress_ratio,
-                                           fp8_scale)
 
 
+@kernel_op(validate=_vd.check_indexer_k_norm_rope_store, reference=ref.dsv41_indexer_k_norm_rope_store,
+           npu=reference_on_device("dsv41_compressor", "one nonzero() sync per call"))
 def dsv41_indexer_k_norm_rope_store(k_pre, positions, cos_sin_cache, rms_norm_weight, rms_norm_eps: float, k_cache,
                                     kv_slot_mapping, compress_ratio: int, use_fp4_cache: bool = False) -> None:
     """`models/deepseek_v41/common/ops/indexer_k_store.py::indexer_k_norm_rope_store`: index keys, in place.
@@ -143,16 +131,13 @@ def dsv41_indexer_k_norm_rope_store(k_pre, positions, cos_sin_cache, rms_norm_we
     float32 scales; what `dsv4_fp8_paged_mqa_logits` reads, as `k_cache.view(num_blocks, -1)`). use_fp4_cache (the
     MXFP4 cache) is not supported: it must be False.
     """
-    if _SWITCH.enabled:
-        _vd.check_indexer_k_norm_rope_store(k_pre, positions, cos_sin_cache, rms_norm_weight, rms_norm_eps, k_cache,
-                                            kv_slot_mapping, compress_ratio, use_fp4_cache)
-    current_impl().dsv41_indexer_k_norm_rope_store(k_pre, positions, cos_sin_cache, rms_norm_weight, rms_norm_eps,
-                                                   k_cache, kv_slot_mapping, compress_ratio, use_fp4_cache)
 
 
 # ------------------------------------------------------------------------------------ candidate blocks
 
 
+@kernel_op(validate=_vd.check_dsv41_select_candidate_blocks, reference=ref.dsv41_select_candidate_blocks,
+           npu=reference_on_device("dsv41_indexer", "a block max and a topk over the rows"))
 def dsv41_select_candidate_blocks(logits, row_ks, row_ke, topk_blocks: int, block_size: int, out,
                                   row_repeat: int = 1) -> None:
     """`model_executor/kernels/attention/dsa/candidate_blocks.py::select_candidate_blocks`, in place.
@@ -164,12 +149,10 @@ def dsv41_select_candidate_blocks(logits, row_ks, row_ke, topk_blocks: int, bloc
     out int `[rows, >= topk_blocks]`: the first topk_blocks columns get the ids of the min(topk_blocks,
     ceil(width / block_size)) best blocks by torch's topk (best first), -1 for -inf scores and past that.
     """
-    if _SWITCH.enabled:
-        _vd.check_candidate_blocks("dsv41_select_candidate_blocks", logits, row_ks, row_ke, block_size, row_repeat,
-                                   out, "out", topk_blocks)
-    current_impl().dsv41_select_candidate_blocks(logits, row_ks, row_ke, topk_blocks, block_size, out, row_repeat)
 
 
+@kernel_op(validate=_vd.check_dsv41_apply_candidate_mask, reference=ref.dsv41_apply_candidate_mask,
+           npu=reference_on_device("dsv41_indexer", "a scatter of block flags and one masked_fill"))
 def dsv41_apply_candidate_mask(logits, row_ks, row_ke, candidate_blocks, block_size: int,
                                row_repeat: int = 1) -> None:
     """`model_executor/kernels/attention/dsa/candidate_blocks.py::apply_candidate_mask`, in place.
@@ -178,15 +161,13 @@ def dsv41_apply_candidate_mask(logits, row_ks, row_ke, candidate_blocks, block_s
     every column of a row to -inf unless it lies in `[start, end)` and in a listed block; as upstream, a listed block
     starting at or past width instead keeps the last column (width - 1) if that is in bounds.
     """
-    if _SWITCH.enabled:
-        _vd.check_candidate_blocks("dsv41_apply_candidate_mask", logits, row_ks, row_ke, block_size, row_repeat,
-                                   candidate_blocks, "candidate_blocks", None)
-    current_impl().dsv41_apply_candidate_mask(logits, row_ks, row_ke, candidate_blocks, block_size, row_repeat)
 
 
 # ------------------------------------------------------------------------------------------------ Engram
 
 
+@kernel_op(validate=_vd.check_engram_write_hash_cache, reference=ref.dsv41_engram_write_hash_cache,
+           npu=reference_on_device("dsv41_engram", "scatter by slot"))
 def dsv41_engram_write_hash_cache(input_ids, token_map, dead_mask, slot_mapping, cache) -> None:
     """`models/deepseek_v41/common/engram.py::_write_hash_cache_kernel` (the V1 runner's history), in place.
 
@@ -194,11 +175,10 @@ def dsv41_engram_write_hash_cache(input_ids, token_map, dead_mask, slot_mapping,
     window slots) gets `token_map[input_ids[t]]` (token_map int `[vocab]`: the compressed ids), or -1 (DEAD_ID) where
     dead_mask bool `[>= n]` is set (None: no dead tokens).
     """
-    if _SWITCH.enabled:
-        _vd.check_engram_write_hash_cache(input_ids, token_map, dead_mask, slot_mapping, cache)
-    current_impl().dsv41_engram_write_hash_cache(input_ids, token_map, dead_mask, slot_mapping, cache)
 
 
+@kernel_op(validate=_vd.check_engram_hash, reference=ref.dsv41_engram_hash,
+           npu=reference_on_device("dsv41_engram", "one int64 pass per n-gram length"))
 def dsv41_engram_hash(input_ids, token_map, dead_mask, positions, block_table, query_start_loc, multipliers, primes,
                       offsets, cache, lookback_token_ids, lookback_dead_mask, pad_id: int,
                       cache_block_size: int = 1):
@@ -215,15 +195,10 @@ def dsv41_engram_hash(input_ids, token_map, dead_mask, positions, block_table, q
     max_ngram]`); for s >= 1 and head h: `rolling % primes[l, s - 1, h] + offsets[l, (s - 1) * H + h]` (primes int
     `[L, max_ngram - 1, H]`, offsets int `[L, (max_ngram - 1) * H]`). Returns int32 `[T, L, (max_ngram - 1) * H]`.
     """
-    if _SWITCH.enabled:
-        _vd.check_engram_hash(input_ids, token_map, dead_mask, positions, block_table, query_start_loc, multipliers,
-                              primes, offsets, cache, lookback_token_ids, lookback_dead_mask, pad_id,
-                              cache_block_size)
-    return current_impl().dsv41_engram_hash(input_ids, token_map, dead_mask, positions, block_table,
-                                            query_start_loc, multipliers, primes, offsets, cache, lookback_token_ids,
-                                            lookback_dead_mask, pad_id, cache_block_size)
 
 
+@kernel_op(validate=_vd.check_engram_lookup, reference=ref.dsv41_engram_lookup,
+           npu=reference_on_device("dsv41_engram", "a row gather and the UE8M0 dequantization"))
 def dsv41_engram_lookup(weight, weight_scale_inv, indices, out):
     """`ParallelEngramEmbedding.lookup` (one shard holding every head; engram.py `_engram_lookup_kernel`), in place.
 
@@ -232,11 +207,10 @@ def dsv41_engram_lookup(weight, weight_scale_inv, indices, out):
     float dtype; upstream bfloat16): `weight[i] * 2^(e - 127)` per block of dims (byte 0 reads as 0, 255 as inf, as
     upstream's bit shift), zeros for ids outside [0, rows) (DEAD_ID rows). Returns out.
     """
-    if _SWITCH.enabled:
-        _vd.check_engram_lookup(weight, weight_scale_inv, indices, out)
-    return current_impl().dsv41_engram_lookup(weight, weight_scale_inv, indices, out)
 
 
+@kernel_op(validate=_vd.check_engram_gate, reference=ref.dsv41_engram_gate,
+           npu=reference_on_device("dsv41_engram", "elementwise with two row norms"))
 def dsv41_engram_gate(hidden_states, kv, q_weight, k_weight, token_mask, eps: float, clamp_value: float = 1e-6):
     """`Engram.forward` after `wkv` (engram.py `_fused_engram_post_wkv_kernel`): the gated add into the streams.
 
@@ -246,6 +220,3 @@ def dsv41_engram_gate(hidden_states, kv, q_weight, k_weight, token_mask, eps: fl
     = `sigmoid(sign(dot) * sqrt(max(|dot|, clamp_value)))` (0 where token_mask is False), out = h + gate * value;
     rows t >= Tk pass through. Returns a new tensor in hidden_states' dtype.
     """
-    if _SWITCH.enabled:
-        _vd.check_engram_gate(hidden_states, kv, q_weight, k_weight, token_mask, eps, clamp_value)
-    return current_impl().dsv41_engram_gate(hidden_states, kv, q_weight, k_weight, token_mask, eps, clamp_value)

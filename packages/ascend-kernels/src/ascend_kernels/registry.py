@@ -1,8 +1,9 @@
 """Kernel backends: which exist, which is selected, and what each one implements.
 
-A backend is a name plus a table `op name -> callable` with the facade's signature (`ascend_kernels.ops`). Selection
-is explicit and process-wide: `set_backend(name)`; until then the first use picks "npu" when torch_npu is usable and
-"reference" otherwise. Asking for a backend that cannot load raises `BackendUnavailableError` with the reason (for
+A backend is a name plus a table `op name -> callable` with the facade's signature, derived from the op declarations
+(`ascend_kernels.op_registry`). Selection is explicit and process-wide: `set_backend(name)` binds every op module's
+attributes to that backend's functions (one hop); until then the first op call picks "npu" when torch_npu is usable
+and "reference" otherwise. Asking for a backend that cannot load raises `BackendUnavailableError` with the reason (for
 "npu", the torch_npu import error text).
 """
 
@@ -12,64 +13,12 @@ import contextlib
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from types import SimpleNamespace
 
-OP_NAMES: tuple[str, ...] = (
-    "reshape_and_cache",
-    "reshape_and_cache_mla",
-    "paged_attention",
-    "mla_decode_attention",
-    "gather_mla_cache",
-    "mla_prefill_attention",
-    "rotary_embedding",
-    "rms_norm",
-    "silu_and_mul",
-    "topk_softmax",
-    "fused_moe_reference",
-    "moe_gating_topk",
-    "fused_moe",
-    "sample_greedy",
-    "sample",
-    "rejection_sample",
-    "compute_slot_mapping",
-    "gumbel_sample",
-    "gather_logprobs",
-    "token_ranks",
-    "attention_with_lse",
-    "paged_attention_with_lse",
-    "merge_attention_states",
-    "gather_kv_rows",
-    "quantize_fp8_groups",
-    "indexer_cache_write",
-    "indexer_topk",
-    "sparse_mla_attention",
-    "dsv4_qnorm_rope_kv_insert",
-    "dsv4_save_partial_states",
-    "dsv4_compress_norm_rope_store",
-    "dsv4_compress_norm_rope_store_indexer",
-    "dsv4_indexer_q_rope_quant",
-    "dsv4_fp8_paged_mqa_logits",
-    "dsv4_topk_transform",
-    "dsv4_sparse_mla_with_kvcache",
-    "dsv4_inverse_rope_o_proj",
-    "dsv4_mhc_pre",
-    "dsv4_mhc_post",
-    "dsv4_hc_head",
-    "dsv41_mhc_pre_delayed",
-    "dsv41_hc_collapse",
-    "dsv41_q_rope_kv_insert",
-    "dsv41_save_compress_norm",
-    "dsv41_rope_quant_insert",
-    "dsv41_indexer_k_norm_rope_store",
-    "dsv41_select_candidate_blocks",
-    "dsv41_apply_candidate_mask",
-    "dsv41_engram_write_hash_cache",
-    "dsv41_engram_hash",
-    "dsv41_engram_lookup",
-    "dsv41_engram_gate",
-)
+from ascend_kernels import npu_usage, op_registry
+from ascend_kernels.op_registry import BACKEND_NAMES, kv_layout  # noqa: F401  (part of this module's API)
 
-BACKEND_NAMES: tuple[str, ...] = ("reference", "npu")
+# Derived from the declarations (`ascend_kernels.op_registry`), in declaration order.
+OP_NAMES: tuple[str, ...] = op_registry.op_names()
 
 
 class BackendUnavailableError(RuntimeError):
@@ -88,13 +37,9 @@ class Backend:
 
 
 def _load_reference() -> Backend:
-    from ascend_kernels.reference import REFERENCE_OPS
-
-    return Backend(
-        name="reference",
-        ops=dict(REFERENCE_OPS),
-        implementations={name: f"ascend_kernels.reference ({fn.__module__})" for name, fn in REFERENCE_OPS.items()},
-    )
+    ops = op_registry.backend_impls("reference")
+    return Backend(name="reference", ops=ops,
+                   implementations={name: f"ascend_kernels.reference ({fn.__module__})" for name, fn in ops.items()})
 
 
 def _load_npu() -> Backend:
@@ -103,26 +48,20 @@ def _load_npu() -> Backend:
     status = torch_npu_status()
     if not status.usable:
         raise BackendUnavailableError(f"kernel backend 'npu' is unavailable: {status.reason}")
-    from ascend_kernels import npu_backend
-
-    return Backend(
-        name="npu",
-        ops=npu_backend.npu_ops(),
-        implementations={name: binding.target for name, binding in npu_backend.NPU_BINDINGS.items()},
-    )
+    return Backend(name="npu", ops=op_registry.backend_impls("npu"),
+                   implementations={name: b.target for name, b in op_registry.npu_bindings().items()})
 
 
 _LOADERS: dict[str, Callable[[], Backend]] = {"reference": _load_reference, "npu": _load_npu}
 
 
 class _State:
-    """The selected backend; `impl` is what the facade calls (attribute lookup is the whole dispatch cost)."""
+    """The selected backend; its implementations are bound onto the op modules (`op_registry.bind`)."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.loaded: dict[str, Backend] = {}
         self.backend: Backend | None = None
-        self.impl: SimpleNamespace | None = None
 
 
 _STATE = _State()
@@ -154,9 +93,25 @@ def set_backend(name: str) -> None:
 
     Raises ValueError for an unknown name and BackendUnavailableError (with the reason) when it cannot load here.
     """
-    backend = _backend(name)
-    _STATE.impl = SimpleNamespace(**backend.ops)
+    _activate(_backend(name))
+
+
+def _activate(backend: Backend | None) -> None:
     _STATE.backend = backend
+    rebind()
+
+
+def rebind() -> None:
+    """Bind the selected backend's implementations onto the op modules again (after a switch of the checks or of
+    usage counting); nothing when no backend is selected yet (the first op call selects the default)."""
+    from ascend_kernels.validation import validation_enabled
+
+    backend = _STATE.backend
+    if backend is None:
+        op_registry.unbind()
+        return
+    counter = npu_usage.facade_counter(backend.name) if npu_usage.facade_counting() else None
+    op_registry.bind(backend.ops, checked=validation_enabled(), counter=counter)
 
 
 def get_backend() -> str:
@@ -171,12 +126,7 @@ def _selected() -> Backend:
     return _STATE.backend
 
 
-def current_impl() -> SimpleNamespace:
-    impl = _STATE.impl
-    if impl is None:
-        _selected()
-        impl = _STATE.impl
-    return impl
+op_registry.set_default_selector(_selected)
 
 
 def available_backends() -> dict[str, str | None]:
@@ -195,8 +145,8 @@ def available_backends() -> dict[str, str | None]:
 def supports(op_name: str, backend: str | None = None) -> bool:
     """Whether `backend` (default: the selected one) implements `op_name`.
 
-    For a backend that cannot load here this answers from its static binding table (the NPU table is readable
-    without torch_npu), so capability questions do not depend on the machine.
+    For a backend that cannot load here this answers from its declarations (readable without torch_npu), so
+    capability questions do not depend on the machine.
     """
     if op_name not in OP_NAMES:
         raise ValueError(f"unknown kernel op {op_name!r}; known ops: {', '.join(OP_NAMES)}")
@@ -205,13 +155,11 @@ def supports(op_name: str, backend: str | None = None) -> bool:
 
 
 def implementations(backend: str) -> dict[str, str]:
-    """`op name -> what runs it` for `backend` (the static table; does not load the backend)."""
+    """`op name -> what runs it` for `backend` (from the declarations; does not load the backend)."""
     if backend == "reference":
         return {name: "ascend_kernels.reference" for name in OP_NAMES}
     if backend == "npu":
-        from ascend_kernels.npu_backend import NPU_BINDINGS
-
-        return {name: binding.target for name, binding in NPU_BINDINGS.items()}
+        return {name: binding.target for name, binding in op_registry.npu_bindings().items()}
     raise ValueError(f"unknown kernel backend {backend!r}; known backends: {', '.join(BACKEND_NAMES)}")
 
 
@@ -223,5 +171,4 @@ def use_backend(name: str) -> Iterator[None]:
     try:
         yield
     finally:
-        _STATE.backend = previous
-        _STATE.impl = None if previous is None else SimpleNamespace(**previous.ops)
+        _activate(previous)

@@ -24,8 +24,12 @@ SWITCH = _Switch()
 
 
 def set_validation(enabled: bool) -> None:
-    """Turn the facade's argument checks on (default) or off, process-wide."""
+    """Turn the facade's argument checks on (default) or off, process-wide (rebinds every op: with checks off an
+    op is the backend's function itself)."""
     SWITCH.enabled = bool(enabled)
+    from ascend_kernels import registry
+
+    registry.rebind()
 
 
 def validation_enabled() -> bool:
@@ -193,14 +197,15 @@ def check_paged_attention(
         same_device(op, "out", out, dev, expected_out)
 
 
-def check_mla_decode_attention(q_nope, q_rope, latent_cache, rope_cache, block_table, seq_lens, scale, out) -> None:
+def check_mla_decode_attention(q_nope_absorbed, q_rope, latent_cache, rope_cache, block_table, seq_lens, scale,
+                               out) -> None:
     op = "mla_decode_attention"
-    tensor(op, "q_nope_absorbed", q_nope, 3, "[num_reqs, num_heads, kv_lora_rank]")
-    floating(op, "q_nope_absorbed", q_nope, "[num_reqs, num_heads, kv_lora_rank]")
-    b, h, r = q_nope.shape
-    dev, dtype = q_nope.device, q_nope.dtype
+    tensor(op, "q_nope_absorbed", q_nope_absorbed, 3, "[num_reqs, num_heads, kv_lora_rank]")
+    floating(op, "q_nope_absorbed", q_nope_absorbed, "[num_reqs, num_heads, kv_lora_rank]")
+    b, h, r = q_nope_absorbed.shape
+    dev, dtype = q_nope_absorbed.device, q_nope_absorbed.dtype
     tensor(op, "q_rope", q_rope, 3, f"[{b}, {h}, rope_dim]")
-    if q_rope.shape[:2] != q_nope.shape[:2]:
+    if q_rope.shape[:2] != q_nope_absorbed.shape[:2]:
         fail(op, "q_rope", q_rope, f"[{b}, {h}, rope_dim]")
     rd = q_rope.shape[2]
     for name, t, last in (("latent_cache", latent_cache, r), ("rope_cache", rope_cache, rd)):
@@ -369,17 +374,17 @@ def check_sample(logits, temperature, top_k, top_p, generator) -> None:
 
 
 def check_rejection_sample(
-    draft_token_ids, draft_probs, target, bonus_token_ids, temperature, top_k, top_p, generator
+    draft_token_ids, draft_probs, target_logits, bonus_token_ids, temperature, top_k, top_p, generator
 ) -> None:
     op = "rejection_sample"
     index(op, "draft_token_ids", draft_token_ids, 2, "[num_reqs, max_spec_len]")
     b, k = draft_token_ids.shape
     dev = draft_token_ids.device
-    tensor(op, "target_logits", target, 3, f"[{b}, {k}, vocab_size]")
-    if target.shape[:2] != (b, k) or not target.is_floating_point():
-        fail(op, "target_logits", target, f"[{b}, {k}, vocab_size] floating")
-    same_device(op, "target_logits", target, dev, f"[{b}, {k}, vocab_size]")
-    v = target.shape[2]
+    tensor(op, "target_logits", target_logits, 3, f"[{b}, {k}, vocab_size]")
+    if target_logits.shape[:2] != (b, k) or not target_logits.is_floating_point():
+        fail(op, "target_logits", target_logits, f"[{b}, {k}, vocab_size] floating")
+    same_device(op, "target_logits", target_logits, dev, f"[{b}, {k}, vocab_size]")
+    v = target_logits.shape[2]
     if draft_probs is not None:
         if not isinstance(draft_probs, torch.Tensor) or draft_probs.shape != (b, k, v):
             fail(op, "draft_probs", draft_probs, f"None or [{b}, {k}, {v}] floating")
@@ -452,3 +457,13 @@ def check_token_ranks(logits, token_ids) -> None:
     if token_ids.shape[0] != b:
         fail(op, "token_ids", token_ids, f"[{b}] of dtype int32 or int64")
     same_device(op, "token_ids", token_ids, logits.device, f"[{b}]")
+
+
+def check_sample_greedy(logits) -> None:
+    _logits("sample_greedy", "logits", logits)
+
+
+def check_routed_fused_moe(hidden_states, w13, w2, topk_weights, topk_ids, w13_bias, w2_bias, swiglu_limit) -> None:
+    check_fused_moe(hidden_states, w13, w2, topk_weights, topk_ids, op="fused_moe", w13_bias=w13_bias, w2_bias=w2_bias)
+    if swiglu_limit is not None:
+        number("fused_moe", "swiglu_limit", swiglu_limit, "None or a positive real number", positive=True)

@@ -8,11 +8,13 @@ from ascend_kernels.validation import (
     check_paged_attention,
     fail,
     floating,
-    index,
     number,
     same_device,
     start_offsets,
     tensor,
+)
+from ascend_kernels.validation import (
+    index as index_tensor,
 )
 
 
@@ -72,10 +74,10 @@ def check_paged_attention_with_lse(query, key_cache, value_cache, block_table, q
                           out)
 
 
-def check_gather_kv_rows(packed_kv, index_, key_size) -> None:
+def check_gather_kv_rows(packed_kv, index, key_size) -> None:
     op = "gather_kv_rows"
     tensor(op, "packed_kv", packed_kv, 3, "[num_gathered, num_kv_heads, key_size + value_size]")
-    index(op, "index", index_, 1, "[num_rows]")
-    same_device(op, "index", index_, packed_kv.device, "[num_rows]")
+    index_tensor(op, "index", index, 1, "[num_rows]")
+    same_device(op, "index", index, packed_kv.device, "[num_rows]")
     if isinstance(key_size, bool) or not isinstance(key_size, int) or not 0 < key_size < packed_kv.shape[2]:
         fail(op, "key_size", key_size, f"an int in (0, {packed_kv.shape[2]})")

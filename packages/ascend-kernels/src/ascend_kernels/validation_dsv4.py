@@ -272,3 +272,32 @@ def check_hc_head(hidden_states, hc_fn, hc_scale, hc_base) -> None:
         fail(op, "hc_fn", hc_fn, f"[{hc}, {hc * hidden}]")
     _vector(op, "hc_scale", hc_scale, 1, hidden_states.device)
     _vector(op, "hc_base", hc_base, hc, hidden_states.device)
+
+
+# The ops' own argument names, for the registry (which calls a check with the op's arguments by name).
+def check_dsv4_qnorm_rope_kv_insert(q, kv, positions, swa_kv_cache_2d, slot_mapping, cos_sin_cache, q_head_padded,
+                                    eps, cache_block_size) -> None:
+    check_qnorm_rope_kv_insert(q, kv, positions, swa_kv_cache_2d, slot_mapping, cos_sin_cache, q_head_padded, eps,
+                               cache_block_size)
+
+
+def check_dsv4_compress_norm_rope_store(state_cache, gather_slots, positions, kv_slot_mapping, rms_norm_weight,
+                                        rms_norm_eps, cos_sin_cache, kv_cache_2d, kv_cache_block_size,
+                                        compress_ratio) -> None:
+    check_compress_norm_rope_store("dsv4_compress_norm_rope_store", state_cache, gather_slots, positions,
+                                   kv_slot_mapping, rms_norm_weight, rms_norm_eps, cos_sin_cache, kv_cache_2d,
+                                   kv_cache_block_size, compress_ratio, indexer=False)
+
+
+def check_dsv4_compress_norm_rope_store_indexer(state_cache, gather_slots, positions, kv_slot_mapping,
+                                                rms_norm_weight, rms_norm_eps, cos_sin_cache, kv_cache_2d,
+                                                kv_cache_block_size, compress_ratio) -> None:
+    check_compress_norm_rope_store("dsv4_compress_norm_rope_store_indexer", state_cache, gather_slots, positions,
+                                   kv_slot_mapping, rms_norm_weight, rms_norm_eps, cos_sin_cache, kv_cache_2d,
+                                   kv_cache_block_size, compress_ratio, indexer=True)
+
+
+def check_dsv4_indexer_q_rope_quant(positions, index_q, index_q_cos_sin_cache, index_q_fp8, index_weights,
+                                    index_weights_softmax_scale, index_weights_head_scale, index_weights_out) -> None:
+    check_indexer_q_rope_quant(positions, index_q, index_q_cos_sin_cache, index_q_fp8, index_weights,
+                               index_weights_softmax_scale, index_weights_head_scale, index_weights_out)

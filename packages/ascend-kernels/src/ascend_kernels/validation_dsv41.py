@@ -279,3 +279,19 @@ def check_q_rope_kv_insert(q, kv, positions, cache, slot_mapping, cos_sin_cache,
             (cache.dim() == 2 and cache.shape[1] < block_size * d) or cache.dim() not in (2, 3):
         fail(op, "swa_kv_cache", cache, dims)
     same_device(op, "swa_kv_cache", cache, dev, dims)
+
+
+# The ops' own argument names, for the registry (which calls a check with the op's arguments by name).
+def check_dsv41_q_rope_kv_insert(q, kv, positions, swa_kv_cache, slot_mapping, cos_sin_cache,
+                                 cache_block_size) -> None:
+    check_q_rope_kv_insert(q, kv, positions, swa_kv_cache, slot_mapping, cos_sin_cache, cache_block_size)
+
+
+def check_dsv41_select_candidate_blocks(logits, row_ks, row_ke, topk_blocks, block_size, out, row_repeat) -> None:
+    check_candidate_blocks("dsv41_select_candidate_blocks", logits, row_ks, row_ke, block_size, row_repeat, out, "out",
+                           topk_blocks)
+
+
+def check_dsv41_apply_candidate_mask(logits, row_ks, row_ke, candidate_blocks, block_size, row_repeat) -> None:
+    check_candidate_blocks("dsv41_apply_candidate_mask", logits, row_ks, row_ke, block_size, row_repeat,
+                           candidate_blocks, "candidate_blocks", None)

@@ -76,12 +76,12 @@ def check_indexer_topk(q, weights, k_cache, scale_cache, block_table, query_star
         fail(op, "topk", topk, "a positive int")
 
 
-def check_sparse_mla_attention(q_nope, q_rope, latent_cache, rope_cache, block_table, query_start_loc,
+def check_sparse_mla_attention(q_nope_absorbed, q_rope, latent_cache, rope_cache, block_table, query_start_loc,
                                topk_positions, scale, out) -> None:
     op = "sparse_mla_attention"
-    tensor(op, "q_nope_absorbed", q_nope, 3, "[num_tokens, num_heads, kv_lora_rank]")
-    floating(op, "q_nope_absorbed", q_nope, "[num_tokens, num_heads, kv_lora_rank]")
-    t, h, rank = q_nope.shape
+    tensor(op, "q_nope_absorbed", q_nope_absorbed, 3, "[num_tokens, num_heads, kv_lora_rank]")
+    floating(op, "q_nope_absorbed", q_nope_absorbed, "[num_tokens, num_heads, kv_lora_rank]")
+    t, h, rank = q_nope_absorbed.shape
     tensor(op, "q_rope", q_rope, 3, f"[{t}, {h}, rope_dim]")
     if q_rope.shape[:2] != (t, h):
         fail(op, "q_rope", q_rope, f"[{t}, {h}, rope_dim]")
@@ -89,8 +89,8 @@ def check_sparse_mla_attention(q_nope, q_rope, latent_cache, rope_cache, block_t
         tensor(op, name, cache, 4, f"[num_blocks, block_size, 1, {last}]")
         if cache.shape[2] != 1 or cache.shape[3] != last:
             fail(op, name, cache, f"[num_blocks, block_size, 1, {last}]")
-        same_device(op, name, cache, q_nope.device, "a cache")
-    _requests(op, block_table, query_start_loc, None, q_nope.device)
+        same_device(op, name, cache, q_nope_absorbed.device, "a cache")
+    _requests(op, block_table, query_start_loc, None, q_nope_absorbed.device)
     index(op, "topk_positions", topk_positions, 2, f"[>= {t}, topk]")
     if topk_positions.shape[0] < t:  # by shape: query_start_loc's values may live on a device
         fail(op, "topk_positions", topk_positions, f"[>= {t}, topk] (one row per query token)")

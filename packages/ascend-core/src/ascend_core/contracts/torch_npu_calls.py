@@ -109,9 +109,10 @@ def _own_statements(body: list[ast.stmt]):
 
 
 class _ModuleScanner:
-    def __init__(self, tree: ast.Module, file: str):
+    def __init__(self, tree: ast.Module, file: str, imported_loaders: frozenset[str] = frozenset()):
         self.tree = tree
         self.file = file
+        self.imported_loaders = imported_loaders
         self.calls: list[NpuCall] = []
         self.parents: dict[int, ast.AST] = {}
         for node in ast.walk(tree):
@@ -198,6 +199,10 @@ class _ModuleScanner:
                     and stmt.module.split(".")[0] in _TRACKED:
                 for alias in stmt.names:
                     scope.paths[alias.asname or alias.name] = f"{stmt.module}.{alias.name}"
+            elif isinstance(stmt, ast.ImportFrom) and not stmt.level and stmt.module:
+                for alias in stmt.names:  # another module's loader (e.g. the backend's counting `_npu`)
+                    if f"{stmt.module}.{alias.name}" in self.imported_loaders:
+                        scope.loaders.add(alias.asname or alias.name)
             elif isinstance(stmt, ast.FunctionDef | ast.AsyncFunctionDef) and self._returns_torch_npu(stmt, scope):
                 scope.loaders.add(stmt.name)
         for _ in range(2):  # a binding may use one made later in the body (x = t; t = loader() reads fine)
@@ -343,6 +348,12 @@ class _ModuleScanner:
         for child in ast.iter_child_nodes(node):
             self._visit(child, scope, function)
 
+    def loaders(self) -> set[str]:
+        """The module-level functions that return torch_npu (other modules may import and call them)."""
+        scope = _Scope()
+        self.bind(self.tree.body, scope, module_level=True)
+        return set(scope.loaders)
+
     def run(self) -> list[NpuCall]:
         scope = _Scope()
         self.bind(self.tree.body, scope, module_level=True)
@@ -359,11 +370,20 @@ def _merge(a: dict[str, list[ast.expr]], b: dict[str, list[ast.expr]]) -> dict[s
     return out
 
 
-def scan_calls(text: str, file: str = "<string>") -> list[NpuCall]:
-    """Every call of a torch_npu op in one module's source."""
-    if TORCH_NPU not in text and "torch.ops." not in text:
+def scan_calls(text: str, file: str = "<string>", imported_loaders: frozenset[str] = frozenset()) -> list[NpuCall]:
+    """Every call of a torch_npu op in one module's source. `imported_loaders`: dotted names ("pkg.mod.fn") of other
+    modules' functions that return torch_npu, so a module calling an imported loader is read too."""
+    if TORCH_NPU not in text and "torch.ops." not in text \
+            and not any(name.rsplit(".", 1)[1] in text for name in imported_loaders):
         return []
-    return _ModuleScanner(ast.parse(text, filename=file), file).run()
+    return _ModuleScanner(ast.parse(text, filename=file), file, imported_loaders).run()
+
+
+def module_loaders(text: str, file: str = "<string>") -> set[str]:
+    """Names of the module-level functions of one module's source that return torch_npu."""
+    if TORCH_NPU not in text:
+        return set()
+    return _ModuleScanner(ast.parse(text, filename=file), file).loaders()
 
 
 def facade_ops(text: str) -> dict[str, list[str]]:

@@ -14,7 +14,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ascend_core.contracts.pins import OUR_PACKAGES, package_dir
-from ascend_core.contracts.torch_npu_calls import CallProblem, NpuCall, check_call, facade_ops, scan_calls
+from ascend_core.contracts.torch_npu_calls import (
+    CallProblem,
+    NpuCall,
+    check_call,
+    facade_ops,
+    module_loaders,
+    scan_calls,
+)
 from ascend_core.contracts.torch_npu_pins import (
     TORCH_NPU_PINS_FILE,
     OpPin,
@@ -49,16 +56,29 @@ class Sources:
 
     def calls(self) -> list[tuple[str, NpuCall, tuple[str, ...]]]:
         """(package, call, the facade ops its function serves) for every torch_npu call in these packages."""
+        from ascend_kernels.op_registry import npu_callers
+
+        declared = npu_callers()  # "module:function" -> the facade ops whose NpuBinding.impl it is
+        modules = []
+        for folder in self.folders.values():
+            for path in sorted(folder.rglob("*.py")):
+                if "__pycache__" not in path.parts:
+                    parts = path.relative_to(folder.parent).with_suffix("").parts
+                    module = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+                    modules.append((folder, path, module, path.read_text(encoding="utf-8")))
+        # Loaders one module defines and others import (`from ascend_kernels.npu_backend import _npu`).
+        loaders = frozenset(f"{module}.{name}" for _, path, module, text in modules
+                            for name in module_loaders(text, str(path)))
         out = []
         for package, folder in self.folders.items():
-            for path in sorted(folder.rglob("*.py")):
-                if "__pycache__" in path.parts:
+            for owner, path, module, text in modules:
+                if owner != folder:
                     continue
-                text = path.read_text(encoding="utf-8")
-                calls = scan_calls(text, str(path.relative_to(folder.parent)))
+                calls = scan_calls(text, str(path.relative_to(folder.parent)), loaders)
                 served = facade_ops(text) if calls else {}
                 for call in calls:
-                    callers = served.get(call.function) or ([f"{call.function}()"] if call.function else ["<module>"])
+                    callers = (declared.get(f"{module}:{call.function}") or served.get(call.function)
+                               or ([f"{call.function}()"] if call.function else ["<module>"]))
                     out.append((package, call, tuple(callers)))
         return out
 

@@ -11,6 +11,10 @@ Block `b` of a planar layer is then not one byte range but one range per plane (
 code that moves pages (KV connectors) asks `planes_of` how a layer's tensor splits; a layer that is not planar here
 (e.g. on plain vLLM) is one page per block, as before. The table below is the latest allocation's, published by the
 allocator and holding no memory (addresses and shapes only, so freeing the KV cache frees it).
+
+The planes are the kernel backend's declaration (`ascend_kernels.op_registry.kv_layout(backend)`, principle 9): the
+plane names and their order come from it, and a backend declaring a layout these dense planes cannot give is an
+error here rather than caches its kernels would refuse.
 """
 
 from __future__ import annotations
@@ -121,8 +125,30 @@ def planes_of(layer: str, tensor: torch.Tensor) -> tuple[tuple[str, torch.Tensor
     return tuple(zip(geometry.split.names, cut_planes(tensor, geometry), strict=True))
 
 
-def attention_planes(spec) -> PlaneSplit:
-    """K then V planes of a standard attention spec (per state `head_size` key elements, then the value)."""
+# The plane shape `plane_geometry` builds: what a backend's declared planes must be to be cut from a layer's region.
+_PLANE_DIMS = ("num_blocks", "block_size")
+
+
+def declared_planes(kind: str, backend: str | None = None) -> tuple[str, ...]:
+    """The plane names `backend`'s kernels take for `kind` ("attention" or "mla"), in order (default: the selected
+    kernel backend), from its declared KV layout."""
+    from ascend_kernels import get_backend
+    from ascend_kernels.op_registry import kv_layout
+
+    name = backend if backend is not None else get_backend()
+    layout = kv_layout(name)
+    planes = layout.planes(kind)
+    bad = {plane: dims for plane, dims in planes.items() if dims[:2] != _PLANE_DIMS or len(dims) != 4}
+    if not layout.contiguous or bad or len(planes) != 2:
+        raise KVLayoutError(f"kernel backend {name!r} declares {kind} planes {planes} (contiguous="
+                            f"{layout.contiguous}); the allocator gives two dense [num_blocks, block_size, heads, "
+                            "dim] planes")
+    return tuple(planes)
+
+
+def attention_planes(spec, backend: str | None = None) -> PlaneSplit:
+    """K then V planes of a standard attention spec (per state `head_size` key elements, then the value), named as
+    the kernel backend declares them."""
     from ascend_core.upstream.kv_page import kv_spec_page_shape
 
     _, _, content = kv_spec_page_shape(spec)
@@ -130,13 +156,14 @@ def attention_planes(spec) -> PlaneSplit:
     if content % spec.dtype.itemsize or elements <= spec.head_size:
         raise KVLayoutError(f"{type(spec).__name__}: cells of {content} bytes of {spec.dtype} hold no key of "
                             f"{spec.head_size} elements and a value")
-    return PlaneSplit(("key", "value"), (spec.head_size, elements - spec.head_size))
+    return PlaneSplit(declared_planes("attention", backend), (spec.head_size, elements - spec.head_size))
 
 
-def mla_planes(spec, rope_dim: int) -> PlaneSplit:
-    """Latent then rope planes of an MLA spec (per state `head_size` elements, the last `rope_dim` of them rope)."""
+def mla_planes(spec, rope_dim: int, backend: str | None = None) -> PlaneSplit:
+    """Latent then rope planes of an MLA spec (per state `head_size` elements, the last `rope_dim` of them rope),
+    named as the kernel backend declares them."""
     scale_dim = getattr(spec, "scale_dim", 0)
     if scale_dim or not 0 < rope_dim < spec.head_size:
         raise KVLayoutError(f"{type(spec).__name__}: head_size={spec.head_size}, rope_dim={rope_dim}, "
                             f"scale_dim={scale_dim}: no latent/rope planes")
-    return PlaneSplit(("latent", "rope"), (spec.head_size - rope_dim, rope_dim))
+    return PlaneSplit(declared_planes("mla", backend), (spec.head_size - rope_dim, rope_dim))

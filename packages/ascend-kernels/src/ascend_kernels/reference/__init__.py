@@ -3,6 +3,7 @@
 Every op follows the contract in `ascend_kernels.ops`; the tests hold each one against a naive formulation.
 """
 
+# ruff: noqa: F401  (the package namespace is the backend: `reference.<op>` for every op)
 from __future__ import annotations
 
 from ascend_kernels.reference.attention import mla_decode_attention, paged_attention
@@ -58,57 +59,11 @@ from ascend_kernels.reference.sparse_mla import (
     sparse_mla_attention,
 )
 
-REFERENCE_OPS = {
-    "reshape_and_cache": reshape_and_cache,
-    "reshape_and_cache_mla": reshape_and_cache_mla,
-    "paged_attention": paged_attention,
-    "mla_decode_attention": mla_decode_attention,
-    "gather_mla_cache": gather_mla_cache,
-    "mla_prefill_attention": mla_prefill_attention,
-    "rotary_embedding": rotary_embedding,
-    "rms_norm": rms_norm,
-    "silu_and_mul": silu_and_mul,
-    "topk_softmax": topk_softmax,
-    "fused_moe_reference": fused_moe_reference,
-    "moe_gating_topk": moe_gating_topk,
-    "fused_moe": fused_moe,
-    "sample_greedy": sample_greedy,
-    "sample": sample,
-    "rejection_sample": rejection_sample,
-    "compute_slot_mapping": compute_slot_mapping,
-    "gumbel_sample": gumbel_sample,
-    "gather_logprobs": gather_logprobs,
-    "token_ranks": token_ranks,
-    "attention_with_lse": attention_with_lse,
-    "paged_attention_with_lse": paged_attention_with_lse,
-    "merge_attention_states": merge_attention_states,
-    "gather_kv_rows": gather_kv_rows,
-    "quantize_fp8_groups": quantize_fp8_groups,
-    "indexer_cache_write": indexer_cache_write,
-    "indexer_topk": indexer_topk,
-    "sparse_mla_attention": sparse_mla_attention,
-    "dsv4_qnorm_rope_kv_insert": dsv4_qnorm_rope_kv_insert,
-    "dsv4_save_partial_states": dsv4_save_partial_states,
-    "dsv4_compress_norm_rope_store": dsv4_compress_norm_rope_store,
-    "dsv4_compress_norm_rope_store_indexer": dsv4_compress_norm_rope_store_indexer,
-    "dsv4_indexer_q_rope_quant": dsv4_indexer_q_rope_quant,
-    "dsv4_fp8_paged_mqa_logits": dsv4_fp8_paged_mqa_logits,
-    "dsv4_topk_transform": dsv4_topk_transform,
-    "dsv4_sparse_mla_with_kvcache": dsv4_sparse_mla_with_kvcache,
-    "dsv4_inverse_rope_o_proj": dsv4_inverse_rope_o_proj,
-    "dsv4_mhc_pre": dsv4_mhc_pre,
-    "dsv4_mhc_post": dsv4_mhc_post,
-    "dsv4_hc_head": dsv4_hc_head,
-    "dsv41_mhc_pre_delayed": dsv41_mhc_pre_delayed,
-    "dsv41_hc_collapse": dsv41_hc_collapse,
-    "dsv41_q_rope_kv_insert": dsv41_q_rope_kv_insert,
-    "dsv41_save_compress_norm": dsv41_save_compress_norm,
-    "dsv41_rope_quant_insert": dsv41_rope_quant_insert,
-    "dsv41_indexer_k_norm_rope_store": dsv41_indexer_k_norm_rope_store,
-    "dsv41_select_candidate_blocks": dsv41_select_candidate_blocks,
-    "dsv41_apply_candidate_mask": dsv41_apply_candidate_mask,
-    "dsv41_engram_write_hash_cache": dsv41_engram_write_hash_cache,
-    "dsv41_engram_hash": dsv41_engram_hash,
-    "dsv41_engram_lookup": dsv41_engram_lookup,
-    "dsv41_engram_gate": dsv41_engram_gate,
-}
+
+def __getattr__(name: str):
+    # REFERENCE_OPS (op name -> function) is derived from the op declarations (`ascend_kernels.op_registry`).
+    if name == "REFERENCE_OPS":
+        from ascend_kernels.op_registry import reference_ops
+
+        return reference_ops()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

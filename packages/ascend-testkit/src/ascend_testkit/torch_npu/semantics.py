@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from ascend_testkit.torch_npu import grouped_matmul, moe_routing, norms, rotary, top_k_top_p
+from ascend_testkit.torch_npu import grouped_matmul, moe_routing, norms, quant, rotary, top_k_top_p
 
 OWN: dict[str, Callable] = {
     "npu_rms_norm": norms.npu_rms_norm,
@@ -17,6 +17,10 @@ OWN: dict[str, Callable] = {
     "npu_grouped_matmul": grouped_matmul.npu_grouped_matmul,
     "npu_moe_token_unpermute": moe_routing.npu_moe_token_unpermute,
     "npu_top_k_top_p": top_k_top_p.npu_top_k_top_p,
+    "npu_quantize": quant.npu_quantize,
+    "npu_dynamic_quant": quant.npu_dynamic_quant,
+    "npu_quant_matmul": quant.npu_quant_matmul,
+    "npu_weight_quant_batchmatmul": quant.npu_weight_quant_batchmatmul,
 }
 
 
