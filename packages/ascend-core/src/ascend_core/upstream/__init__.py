@@ -30,6 +30,7 @@ from ascend_core.upstream.pcp import (
 )
 from ascend_core.upstream.planner import planner_function
 from ascend_core.upstream.probes import ProbeResult, default_loader, run_probes
+from ascend_core.upstream.quantization import quantization_api, rebuild_quant_config
 from ascend_core.upstream.runner import bind_kv_cache_kwargs, mrv2_unavailable_reason, resolved_kv_cache_layout
 from ascend_core.upstream.speculator import (
     DP_ARG_NAMES,
@@ -41,6 +42,8 @@ from ascend_core.upstream.speculator import (
 from ascend_core.upstream.version import installed_vllm_version, public_version, support_level, vllm_version_is
 
 __all__ = [
+    "quantization_api",
+    "rebuild_quant_config",
     "DP_ARG_NAMES",
     "ENGINE_TESTED",
     "STATIC_ONLY",

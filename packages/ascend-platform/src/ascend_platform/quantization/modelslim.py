@@ -1,0 +1,97 @@
+"""The out-of-tree "ascend" quantization method: ModelSlim checkpoints (`quant_model_description.json`).
+
+The description maps every tensor name to its quantization type (`FLOAT`, `W8A8`, `W8A8_DYNAMIC`, `W8A16`,
+`W4A8_DYNAMIC`, `C8`, ...) beside global keys (`model_quant_type`, `version`, `kv_cache_type`, ...; keys without a
+dot). A linear's type is its weight's; a fused layer (`qkv_proj`, `gate_up_proj`) resolves its shards through the
+model's packed-modules mapping and all shards must share one type. Served: W8A8, W8A8_DYNAMIC, W8A16 and FLOAT
+linears. Refused at model construction, naming the layer and its type: any other linear type, a quantized
+embedding or LM head, and (at config time) C8 / FA-quantized KV caches. MoE layers of a quantized model are refused
+by the platform's routed experts when they are built (`ascend_platform.moe`), naming the layer and the method.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ascend_core.upstream import quantization_api
+from ascend_platform.quantization.errors import QuantizationRefusedError, QuantizedCheckpointError
+from ascend_platform.quantization.modelslim_schemes import LINEAR_SCHEMES
+
+_API = quantization_api()
+METHOD = "ascend"
+DESCRIPTION_FILE = "quant_model_description.json"
+FLOAT = "FLOAT"
+_KV_KEYS = ("kv_cache_type", "kv_quant_type", "fa_quant_type")
+
+
+def tensor_types(description: dict) -> dict[str, str]:
+    """The description's per-tensor entries (tensor names contain a dot; global keys do not)."""
+    return {k: v for k, v in description.items() if "." in k}
+
+
+class AscendModelSlimConfig(_API.QuantizationConfig):
+    """ModelSlim's per-tensor description as a vLLM quantization config."""
+
+    def __init__(self, description: dict) -> None:
+        super().__init__()
+        self.description = dict(description)
+        self.types = tensor_types(description)
+        for key in _KV_KEYS:
+            value = description.get(key)
+            if value not in (None, "", FLOAT):
+                raise QuantizationRefusedError(
+                    f"ascend quantization: {key}={value!r} (a quantized KV cache / attention) is not supported; "
+                    "this platform serves float KV caches with W8A8 / W8A8_DYNAMIC / W8A16 / FLOAT linears")
+
+    @classmethod
+    def get_name(cls) -> str:
+        return METHOD
+
+    @classmethod
+    def get_supported_act_dtypes(cls) -> list[torch.dtype]:
+        return [torch.bfloat16, torch.float16, torch.float32]
+
+    @classmethod
+    def get_min_capability(cls) -> int:
+        return 0  # no CUDA capability applies; the platform reports none
+
+    @classmethod
+    def get_config_filenames(cls) -> list[str]:
+        return [DESCRIPTION_FILE]
+
+    @classmethod
+    def from_config(cls, config: dict) -> AscendModelSlimConfig:
+        return cls(config)
+
+    def layer_type(self, prefix: str) -> str:
+        """The quantization type of the layer at `prefix` (its shards' common type for a fused layer)."""
+        last = prefix.rsplit(".", 1)[-1]
+        shards = self.packed_modules_mapping.get(last) or [last]
+        names = [f"{prefix[: len(prefix) - len(last)]}{shard}.weight" for shard in shards]
+        missing = [n for n in names if n not in self.types]
+        if missing:
+            raise QuantizedCheckpointError(
+                f"ascend quantization: {DESCRIPTION_FILE} names no type for tensor {missing[0]!r} (layer {prefix!r})")
+        found = {self.types[n] for n in names}
+        if len(found) != 1:
+            raise QuantizationRefusedError(
+                f"ascend quantization: the shards of fused layer {prefix!r} have different types "
+                f"{ {n: self.types[n] for n in names} } (one kernel runs the fused layer)")
+        return found.pop()
+
+    def get_quant_method(self, layer, prefix):
+        if isinstance(layer, _API.LinearBase):
+            kind = self.layer_type(prefix)
+            if kind == FLOAT:
+                return _API.UnquantizedLinearMethod()
+            if kind not in LINEAR_SCHEMES:
+                raise QuantizationRefusedError(
+                    f"ascend quantization: layer {prefix!r} ({type(layer).__name__}) has type {kind!r}; served "
+                    f"linear types: {', '.join([*LINEAR_SCHEMES, FLOAT])}")
+            return LINEAR_SCHEMES[kind]()
+        kind = self.types.get(f"{prefix}.weight")
+        if kind not in (None, FLOAT):
+            raise QuantizationRefusedError(
+                f"ascend quantization: layer {prefix!r} ({type(layer).__name__}) has type {kind!r}; only linears "
+                "are quantized on this platform")
+        return None
