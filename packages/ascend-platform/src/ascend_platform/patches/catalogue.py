@@ -174,3 +174,21 @@ DSV4_ATTENTION_CLASS = REGISTRY.register(Patch(
     contract="DeepseekV4DecoderLayer.__init__ calls DeepseekV4CPUAttention(vllm_config, prefix=..., "
              "topk_indices_buffer=...) by its module-global name.",
 ))
+
+
+# ---- the NPU worker on vLLM's GPU Worker ----------------------------------------------------------------------------
+NPU_KERNEL_WARMUP = REGISTRY.register(Patch(
+    name="worker.npu_kernel_warmup",
+    target="vllm.v1.worker.gpu_worker:kernel_warmup",
+    reason="vLLM's GPU worker warms up CUDA kernels (and imports CUDA-only model modules) in compile_or_warm_up_model; "
+           "none of them run on an NPU. Scoped to NPUWorker.compile_or_warm_up_model.",
+    contract="Worker.compile_or_warm_up_model calls the gpu_worker module global kernel_warmup(self) once, before "
+             "graph capture, and uses nothing it returns.",
+))
+_NPU_CUDA_CONTRACT = ("vLLM's GPU model runners (gpu_model_runner.py, gpu/model_runner.py, gpu/*.py) reach streams and "
+                      "events only through torch.cuda.<name> looked up at call time, and torch.npu offers the same API")
+NPU_CUDA_BRIDGED = ("Stream", "Event", "current_stream", "stream", "set_stream")
+NPU_CUDA_PATCHES = tuple(REGISTRY.register(Patch(
+    name=f"worker.npu_cuda.{name}", target=f"torch.cuda:{name}", kind="class" if name[0].isupper() else "function",
+    reason=f"torch.cuda.{name} is CUDA's; the GPU runners running on an NPU need torch.npu.{name}",
+    contract=_NPU_CUDA_CONTRACT)) for name in NPU_CUDA_BRIDGED)
