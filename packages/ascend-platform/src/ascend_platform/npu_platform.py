@@ -14,7 +14,12 @@ import torch
 from vllm.logger import init_logger
 from vllm.platforms.interface import Platform, PlatformEnum
 
-from ascend_platform.attention.selector import AttentionChoice, register_backend_names, select_attention_backend
+from ascend_platform.attention.selector import (
+    AttentionChoice,
+    backend_name,
+    register_backend_names,
+    select_attention_backend,
+)
 from ascend_platform.attention.validation import AttentionConfigError, AttentionRequest
 from ascend_platform.plugin_config import AscendConfig, parse_ascend_config
 
@@ -298,7 +303,14 @@ class AscendPlatformBase(Platform):
         )
         register_backend_names()
         if selected_backend is not None:
-            logger.info("Ascend platform ignores attention backend %s; choosing by %s", selected_backend, choice)
+            asked, serves = getattr(selected_backend, "name", str(selected_backend)), backend_name(choice)
+            if asked != serves:  # a user's explicit choice is honoured or refused, never silently replaced
+                from ascend_platform.attention.validation import AttentionConfigError
+
+                raise AttentionConfigError(
+                    f"attention_backend={asked!r} does not run on the Ascend platform for this model; it takes "
+                    f"{serves} (use_mla={choice.use_mla}, use_sparse={choice.use_sparse}): name {serves} or leave "
+                    "attention_backend unset")
         return select_attention_backend(choice, _attention_request(attn_selector_config, vllm_config, hf_config))
 
     @classmethod

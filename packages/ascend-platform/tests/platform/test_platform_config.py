@@ -107,16 +107,20 @@ def test_attention_selection_through_the_platform(make_config):
     from vllm.v1.attention.selector import AttentionSelectorConfig
 
     from ascend_platform.attention.selector import ATTENTION_310P_BACKEND, ATTENTION_BACKEND
+    from ascend_platform.attention.validation import AttentionConfigError
     from ascend_platform.simulated_platform import SimulatedNPUPlatform
 
     sel = AttentionSelectorConfig(head_size=32, dtype=torch.float32, kv_cache_dtype="auto", block_size=32)
     with set_current_vllm_config(make_config()):
         assert SimulatedNPUPlatform.get_attn_backend_cls(None, sel) == ATTENTION_BACKEND
     assert "ASCEND" in AttentionBackendEnum.__members__  # layers look the backend up by name
+    with set_current_vllm_config(make_config()):  # a user's choice is honoured when it is ours, else refused by name
+        assert SimulatedNPUPlatform.get_attn_backend_cls(AttentionBackendEnum["ASCEND"], sel) == ATTENTION_BACKEND
+        with pytest.raises(AttentionConfigError, match=r"attention_backend='FLASH_ATTN' .* it takes ASCEND "):
+            SimulatedNPUPlatform.get_attn_backend_cls(AttentionBackendEnum.FLASH_ATTN, sel)
     with set_current_vllm_config(make_config(additional_config={"chip": "310P"})):
         assert SimulatedNPUPlatform.get_attn_backend_cls(None, sel) == ATTENTION_310P_BACKEND
     from ascend_platform.attention.selector import MLA_BACKEND
-    from ascend_platform.attention.validation import AttentionConfigError
 
     with set_current_vllm_config(make_config()):
         assert SimulatedNPUPlatform.get_attn_backend_cls(None, sel._replace(use_mla=True)) == MLA_BACKEND
