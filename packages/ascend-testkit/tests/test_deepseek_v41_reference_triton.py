@@ -9,8 +9,7 @@ imported Triton earlier the tests skip, naming why.
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
+import sys
 
 import pytest
 import torch
@@ -28,16 +27,13 @@ from ascend_testkit.models.deepseek_v41_reference_engram import engram_gate, ngr
 
 
 def _kernels_loader():
-    """ascend-kernels' anchor loader: tests-only tooling both packages' anchors share (this workspace's file)."""
-    path = Path(__file__).resolve().parents[2] / "ascend-kernels" / "tests" / "vllm_triton.py"
-    spec = importlib.util.spec_from_file_location("ascend_kernels_tests_vllm_triton", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    """ascend-kernels' anchor loader, the one this suite's conftest loaded (and switched on) before any test module
+    could import Triton."""
+    return sys.modules["ascend_kernels_tests_vllm_triton"]
 
 
 vllm_triton = _kernels_loader()
-vllm_triton.switch_on()
+assert vllm_triton.switch_on(), "Triton was imported before this suite's conftest switched its interpreter on"
 
 EPS = 1e-6
 
