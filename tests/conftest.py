@@ -39,15 +39,29 @@ def pytest_unconfigure(config: pytest.Config) -> None:
         shutil.rmtree(own, ignore_errors=True)
 
 
+# Test files with at least one passed test in this session: the reach check wants each file of tests/ to have one
+# (a wholly skipped file proves nothing).
+PASSED_FILES: set[str] = set()
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    if report.when == "call" and report.passed:
+        PASSED_FILES.add(str(Path(report.fspath).resolve()))
+
+
+@pytest.fixture(scope="session")
+def passed_test_files() -> set[str]:
+    return PASSED_FILES
+
+
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     # A session run beside the others on the same reach folder (scripts/test-all runs tests/foundation beside the
-    # package suites) leaves the test files it ran, so the reach check of the main session can count them.
+    # package suites) leaves the test files it passed tests of, so the reach check of the main session counts them.
     folder = os.environ.get(REACH_ENV)
     if folder and exitstatus == 0 and session.items and not _ran_the_reach_check(session):
         import json
 
-        ran = sorted({str(Path(str(item.path)).resolve()) for item in session.items})
-        (Path(folder) / f"session-{os.getpid()}.tests.json").write_text(json.dumps(ran))
+        (Path(folder) / f"session-{os.getpid()}.tests.json").write_text(json.dumps(sorted(PASSED_FILES)))
 
 
 def _ran_the_reach_check(session: pytest.Session) -> bool:

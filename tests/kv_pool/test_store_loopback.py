@@ -23,12 +23,10 @@ BASE_PORT = 28000
 def scenarios(netns, tmp_path_factory, here):
     import os
 
-    from ascend_testkit.reach.collect import reach_env
-
     logs = tmp_path_factory.mktemp("store-scenarios")
     proc = netns.popen([sys.executable, str(here / "store_scenarios.py"), "all", str(BASE_PORT), str(logs)],
                        stdout=subprocess.PIPE, stderr=open(logs / "stderr.log", "wb"),  # noqa: SIM115
-                       env=dict(os.environ) | reach_env())
+                       env=dict(os.environ))  # no engine in it: its reach does not count (tests/reach)
     try:
         out, _ = proc.communicate(timeout=300)
     except subprocess.TimeoutExpired:

@@ -1,4 +1,4 @@
-"""Every module of every runtime package is reached by what this session's engine-level tests ran.
+"""Every module, and every class, of every runtime package is reached by what this session's engine-level tests ran.
 
 The engine hosts, the demo, the servers and the CLI runs of this session recorded coverage (`ascend_testkit.reach`);
 the pytest process itself did not, so a module only unit tests reach does not count. A module counts when one of
@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from ascend_testkit.reach.collect import REACH_ENV
-from ascend_testkit.reach.modules import executed_lines, reached, runtime_modules
+from ascend_testkit.reach.modules import executed_lines, reached, reached_classes, runtime_modules
 
 TESTS = Path(__file__).resolve().parents[1]
 
@@ -28,31 +28,51 @@ CANNOT_RUN_HERE = {
 CLI_TOOLS = ("ascend_core.contracts", "ascend_vllm.cli", "ascend_vllm.commands")
 # Runtime modules no engine reaches yet: issue that wires each.
 NOT_YET_WIRED: dict[str, str] = {}
+# Classes (`module:Class`) no engine of this machine runs a method of, and why; a ratchet like NOT_YET_WIRED.
+CLASSES_NOT_REACHED: dict[str, str] = {}
 
 
-def _whole_suite_ran(session: pytest.Session) -> list[str]:
-    """Test files of tests/ neither this session nor a passed session beside it on the same reach folder ran (the
-    check means nothing on a partial run; scripts/test-all runs tests/foundation beside the package suites)."""
-    collected = {Path(str(item.path)).resolve() for item in session.items}
+# Test files whose every test skips on this lane (vLLM 0.32.0), with where they run.
+RUN_ELSEWHERE = {
+    "platform/test_release_lane.py": "the release lane's own checks: they run on vLLM 0.27.1 (scripts/test-all's "
+                                     "last stage) and skip here, naming the test of this lane that covers each",
+}
+
+
+def _whole_suite_ran(passed: set[str]) -> list[str]:
+    """Test files of tests/ with no passed test in this session or in a passed session beside it on the same reach
+    folder (the check means nothing on a partial run, nor over files whose tests all skipped; scripts/test-all runs
+    tests/foundation beside the package suites)."""
+    ran = {Path(p) for p in passed}
     for record in Path(os.environ[REACH_ENV]).glob("session-*.tests.json"):
-        collected |= {Path(p) for p in json.loads(record.read_text())}
-    expected = {p.resolve() for p in TESTS.rglob("test_*.py")}
-    return sorted(str(p.relative_to(TESTS)) for p in expected - collected)
+        ran |= {Path(p) for p in json.loads(record.read_text())}
+    expected = {p.resolve() for p in TESTS.rglob("test_*.py") if not p.is_relative_to(TESTS / "reach")}
+    return sorted(str(p.relative_to(TESTS)) for p in expected - ran if str(p.relative_to(TESTS)) not in RUN_ELSEWHERE)
 
 
 @pytest.fixture(scope="module")
-def reach(request, host_pool) -> dict[str, bool]:
-    missing = _whole_suite_ran(request.session)
+def executed(request, host_pool, passed_test_files) -> dict[str, set[int]]:
+    missing = _whole_suite_ran(passed_test_files)
     if missing:
         pytest.fail(f"the reach check reads what every engine suite of this session ran; run `pytest tests` "
-                    f"(not collected here: {', '.join(missing[:8])}{' ...' if len(missing) > 8 else ''})")
+                    f"(no passed test in: {', '.join(missing[:8])}{' ...' if len(missing) > 8 else ''})")
     # A process writes its coverage when it exits: end the session's engine hosts now (this check runs last).
     leftovers = host_pool.close()
     assert not leftovers, f"engine hosts that would not exit (their reach is lost): {leftovers}"
     folder = os.environ[REACH_ENV]
-    executed = executed_lines(folder)
-    assert executed, f"no coverage data in {folder}: did the engine hosts record? (see ascend_testkit.reach)"
+    lines = executed_lines(folder)
+    assert lines, f"no coverage data in {folder}: did the engine hosts record? (see ascend_testkit.reach)"
+    return lines
+
+
+@pytest.fixture(scope="module")
+def reach(executed) -> dict[str, bool]:
     return reached(runtime_modules(), executed)
+
+
+@pytest.fixture(scope="module")
+def class_reach(executed) -> dict[str, bool]:
+    return reached_classes(runtime_modules(), executed)
 
 
 def test_every_runtime_module_is_reached_by_an_engine(reach):
@@ -71,3 +91,17 @@ def test_the_not_yet_wired_list_only_shrinks(reach):
     gone = sorted(name for name in {**NOT_YET_WIRED, **CANNOT_RUN_HERE} if name not in reach)
     assert not now_reached, f"reached now, take them off NOT_YET_WIRED: {now_reached}"
     assert not gone, f"listed modules that no longer exist: {gone}"
+
+
+def test_every_runtime_class_is_reached_by_an_engine(class_reach):
+    """Per class, not per module: a class counts when one of its own methods ran in an engine process."""
+    unreached = sorted(name for name, ok in class_reach.items() if not ok and name not in CLASSES_NOT_REACHED
+                       and name.split(":")[0] not in CANNOT_RUN_HERE and not name.startswith(CLI_TOOLS))
+    assert not unreached, "runtime classes no engine-level test ran:\n  " + "\n  ".join(unreached)
+
+
+def test_the_unreached_class_list_only_shrinks(class_reach):
+    now_reached = sorted(name for name in CLASSES_NOT_REACHED if class_reach.get(name))
+    gone = sorted(name for name in CLASSES_NOT_REACHED if name not in class_reach)
+    assert not now_reached, f"reached now, take them off CLASSES_NOT_REACHED: {now_reached}"
+    assert not gone, f"listed classes that no longer exist: {gone}"

@@ -1,23 +1,23 @@
-"""Reading the reach data: every finished coverage file counts, an unfinished one (its process killed) is skipped."""
+"""Reading the reach data: every finished coverage file counts; an unreadable one fails the check, naming it."""
 
 from __future__ import annotations
 
 import pytest
 from coverage import CoverageData
 
-from ascend_testkit.reach.modules import executed_lines
+from ascend_testkit.reach.modules import UnreadableReachData, executed_lines
 
 
-def test_a_killed_process_s_unfinished_file_is_skipped_and_the_others_still_count(tmp_path):
+def test_an_unreadable_data_file_fails_naming_it_and_readable_ones_count(tmp_path):
     measured = tmp_path / "module.py"
     measured.write_text("x = 1\ny = 2\n")
     data = CoverageData(basename=str(tmp_path / ".coverage.host.pid1.abc"))
     data.add_lines({str(measured): [1, 2]})
     data.write()
+    assert executed_lines(tmp_path) == {str(measured.resolve()): {1, 2}}
     (tmp_path / ".coverage.host.pid2.def").write_bytes(b"SQLite format 3\x00" + b"\x00" * 20)  # cut short
-    with pytest.warns(UserWarning, match="unfinished coverage data file"):
-        lines = executed_lines(tmp_path)
-    assert lines == {str(measured.resolve()): {1, 2}}
+    with pytest.raises(UnreadableReachData, match=r"\.coverage\.host\.pid2\.def cannot be read"):
+        executed_lines(tmp_path)
 
 
 def test_a_host_killed_on_purpose_keeps_what_it_ran(tmp_path, monkeypatch):

@@ -393,10 +393,9 @@ class AscendNPUPlatform(AscendPlatformBase):
 
         if device_seam.npu_backing() is None:
             return
-        import vllm._C  # noqa: F401  (the host build's C++ kernels those fallbacks call; a card's vLLM has none)
-
         from ascend_platform.simulated.kernel_overrides import register_for_lane
 
+        Platform.import_kernels()  # vLLM's own: the host build's C++ kernels those fallbacks call (a card has none)
         register_for_lane()
 
     @classmethod

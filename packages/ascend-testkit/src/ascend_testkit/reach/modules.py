@@ -10,12 +10,15 @@ import ast
 import glob
 import importlib.util
 import os
-import warnings
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
 from ascend_testkit.reach.collect import RUNTIME_PACKAGES
+
+
+class UnreadableReachData(RuntimeError):
+    """A measured process's coverage data file is unreadable (written half, or corrupted)."""
 
 
 @dataclass(frozen=True)
@@ -38,6 +41,40 @@ class Module:
         return lines
 
 
+    def classes(self) -> dict[str, set[int]]:
+        """Qualified name -> the body lines of its methods, for every class defined in the module (nested ones too),
+        leaving out classes whose methods have no body lines (data, protocols, exceptions without methods)."""
+        tree = ast.parse(self.path.read_text(), filename=str(self.path))
+        out: dict[str, set[int]] = {}
+
+        def visit(node: ast.AST, prefix: str) -> None:
+            for child in ast.iter_child_nodes(node):
+                if isinstance(child, ast.ClassDef):
+                    name = f"{prefix}{child.name}"
+                    lines = set()
+                    for item in child.body:
+                        if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                            lines |= _function_body_lines(item)
+                    if lines:
+                        out[name] = lines
+                    visit(child, f"{name}.")
+                elif isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    visit(child, f"{prefix}{child.name}.<locals>.")
+
+        visit(tree, "")
+        return out
+
+
+def _function_body_lines(node: ast.FunctionDef | ast.AsyncFunctionDef) -> set[int]:
+    body = node.body
+    if body and isinstance(body[0], ast.Expr) and isinstance(getattr(body[0], "value", None), ast.Constant):
+        body = body[1:]
+    lines: set[int] = set()
+    for stmt in body:
+        lines.update(range(stmt.lineno, (stmt.end_lineno or stmt.lineno) + 1))
+    return lines
+
+
 def runtime_modules(packages: Iterable[str] = RUNTIME_PACKAGES) -> list[Module]:
     """Every module file of our runtime packages (found where they are installed: the workspace's src folders)."""
     found = []
@@ -58,8 +95,9 @@ def runtime_modules(packages: Iterable[str] = RUNTIME_PACKAGES) -> list[Module]:
 def executed_lines(folder: str | os.PathLike) -> dict[str, set[int]]:
     """File path -> lines executed, over every coverage data file the measured processes wrote in `folder`.
 
-    A process a test kills on purpose (fault injection) may leave a data file it never finished writing: that one
-    process's reach is lost, so the file is skipped with a warning instead of failing the whole check.
+    A data file that cannot be read fails the check (naming it): the reach it held is unknown, so "every module was
+    reached" could not be claimed. Processes write their data at exit (SIGTERM included); one killed with SIGKILL
+    writes none, and a test that kills one on purpose knows its reach is not recorded.
     """
     from coverage import CoverageData
     from coverage.exceptions import DataError
@@ -72,12 +110,21 @@ def executed_lines(folder: str | os.PathLike) -> dict[str, set[int]]:
         try:
             data.read()
         except DataError as exc:
-            warnings.warn(f"skipped an unfinished coverage data file (its process was killed?): {exc}",
-                          stacklevel=2)
-            continue
+            raise UnreadableReachData(f"coverage data file {data_file} cannot be read: {exc}") from exc
         for measured in data.measured_files():
             lines.setdefault(str(Path(measured).resolve()), set()).update(data.lines(measured) or ())
     return lines
+
+
+def reached_classes(modules: Iterable[Module], executed: dict[str, set[int]]) -> dict[str, bool]:
+    """`module:Class` -> whether one of its methods ran (a class does not count because its module's other code ran:
+    the device lane's classes once passed because their simulated neighbours did)."""
+    out = {}
+    for module in modules:
+        ran = executed.get(str(module.path), set())
+        for name, lines in module.classes().items():
+            out[f"{module.name}:{name}"] = bool(ran & lines)
+    return out
 
 
 def reached(modules: Iterable[Module], executed: dict[str, set[int]]) -> dict[str, bool]:
