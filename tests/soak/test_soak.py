@@ -212,7 +212,10 @@ def test_soak_with_faults(deployment):
     # release pool starts under concurrent failures (RELEASE_THREADS, one of them in the baseline) and their fds.
     from ascend_vllm.router.proxy import RELEASE_THREADS
 
-    assert after["decode0"]["fds"] <= before["decode0"]["fds"] + 2, (before, after)
+    # The decode server's sockets to the prefill are made anew when it restarts (Mooncake's and the side channel's
+    # sessions; measured +4 in CI, +0 locally) and the calm round above shows they do not grow with traffic.
+    grown = {k: after["decode0"]["fd_kinds"].get(k, 0) - v for k, v in before["decode0"]["fd_kinds"].items()}
+    assert all(n <= 0 for k, n in grown.items() if k != "socket") and grown.get("socket", 0) <= 4, (before, after)
     assert after["decode0"]["threads"] <= before["decode0"]["threads"] + 2, (before, after)
     assert after["router"]["threads"] <= before["router"]["threads"] + RELEASE_THREADS - 1, (before, after)
     assert after["router"]["fds"] <= before["router"]["fds"] + 2, (before, after)

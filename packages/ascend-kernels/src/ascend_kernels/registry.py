@@ -32,9 +32,6 @@ class Backend:
     # op name -> short description of what runs it (e.g. "torch_npu.npu_rms_norm"); for the capability query.
     implementations: dict[str, str] = field(repr=False)
 
-    def supports(self, op_name: str) -> bool:
-        return op_name in self.ops
-
 
 def _load_reference() -> Backend:
     ops = op_registry.backend_impls("reference")
