@@ -205,9 +205,15 @@ def test_soak_with_faults(deployment):
     assert max(r["seconds"] for r in results) < 60, "a request waited past the router's bounds"
     assert not idle_after.get("timed_out"), f"not idle after the soak: {idle_after}"
     assert all(r.get("text") == reference[r["i"] % len(PROMPTS)] for r in calm), calm
-    for name in keep:  # plain traffic after the faults adds nothing
-        assert after_calm[name]["fds"] <= after[name]["fds"] + 1, (name, after, after_calm)
-        assert after_calm[name]["threads"] <= after[name]["threads"], (name, after, after_calm)
+    for name in keep:  # plain traffic after the faults adds nothing beyond what either idle measurement held
+        # (the router's keep-alive connections to the servers close after keepalive_s and reopen with traffic, so
+        # one idle measurement may catch a few of them closed)
+        ceiling = {k: max(before[name]["fd_kinds"].get(k, 0), after[name]["fd_kinds"].get(k, 0))
+                   for k in {*before[name]["fd_kinds"], *after[name]["fd_kinds"]}}
+        assert all(n <= ceiling.get(k, 0) for k, n in after_calm[name]["fd_kinds"].items()), \
+            (name, before, after, after_calm)
+        assert after_calm[name]["threads"] <= max(before[name]["threads"], after[name]["threads"]), \
+            (name, before, after, after_calm)
     # Against the baseline: the decode server that stalled holds what it held; the router at most the threads its
     # release pool starts under concurrent failures (RELEASE_THREADS, one of them in the baseline) and their fds.
     from ascend_vllm.router.proxy import RELEASE_THREADS
