@@ -89,6 +89,12 @@ class AscendPlatformBase(Platform):
     @classmethod
     def check_and_update_config(cls, vllm_config: VllmConfig) -> None:
         ascend = ascend_config_of(vllm_config)  # raises AscendConfigError (one line) on a bad additional_config
+        if not cls.simulated:
+            from ascend_core.upstream import npu_worker_unavailable_reason
+
+            refused = npu_worker_unavailable_reason()
+            if refused is not None:  # before any worker starts, rather than at the first memory profile
+                raise RuntimeError(f"the Ascend NPU worker cannot start: {refused}")
         scheduling = _scheduling_policy(vllm_config)
         cls._update_device_config(vllm_config)
         _keep_mla_scheduling(vllm_config, scheduling)

@@ -21,6 +21,7 @@ from ascend_core.upstream.kv_tensor import kv_tensor_cls, kv_tensor_geometry, kv
 from ascend_core.upstream.lane import Capabilities, Lane, capabilities, detect_capabilities
 from ascend_core.upstream.logits import logits_forward_kwargs, logits_skip_gather_supported
 from ascend_core.upstream.mla import mla_hooks_unavailable_reason, mla_ratio, mla_ratio_field, mla_ratio_kwargs
+from ascend_core.upstream.npu_worker import npu_worker_unavailable_reason
 from ascend_core.upstream.pcp import (
     pcp_has_capture_buffers,
     pcp_init_kwargs,
@@ -74,6 +75,7 @@ __all__ = [
     "logits_skip_gather_supported",
     "make_kv_tensor",
     "mla_hooks_unavailable_reason",
+    "npu_worker_unavailable_reason",
     "mla_ratio",
     "mla_ratio_field",
     "mla_ratio_kwargs",
