@@ -25,9 +25,9 @@ import argparse
 import json
 import sys
 import tempfile
-import time
 
 import torch
+from kernels import best_ms  # the same interleaved best-of-N timing as the kernel benchmarks (this folder)
 
 K = N = 4096
 M_SHAPES = (32, 256)
@@ -36,20 +36,6 @@ ENGINE = dict(dtype="bfloat16", max_model_len=256, enforce_eager=True, max_num_s
 
 def log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
-
-
-def best_ms(fns: dict, repeats: int) -> dict[str, float]:
-    for fn in fns.values():
-        fn()
-    times: dict[str, list[float]] = {name: [] for name in fns}
-    names = list(fns)
-    for round_ in range(repeats):
-        shift = round_ % len(names)
-        for name in names[shift:] + names[:shift]:
-            t0 = time.perf_counter()
-            fns[name]()
-            times[name].append(time.perf_counter() - t0)
-    return {name: min(ts) * 1e3 for name, ts in times.items()}
 
 
 def int8_matmul(repeats: int) -> dict:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import pytest
 
 from ascend_testkit.compare import check_logprobs_close
+from ascend_testkit.engine_runs import EngineRuns
 
 FAKE_ENV = {"ASCEND_TESTKIT_TORCH_NPU": "1"}
 PLUGIN = "ascend_testkit.torch_npu_plugin:install_if_requested"
@@ -75,21 +76,10 @@ def _delta(now: dict, then: dict) -> dict:
     return {k: v - then.get(k, 0) for k, v in now.items() if v != then.get(k, 0)}
 
 
-class NpuRuns:
+class NpuRuns(EngineRuns):
     def __init__(self, host_pool, models, prompts) -> None:
+        super().__init__()
         self.pool, self.models, self.prompts = host_pool, models, prompts
-        self.results: dict[tuple[str, str, str], dict | Exception] = {}
-
-    def __getitem__(self, key: tuple[str, str, str]) -> dict:
-        if key not in self.results:
-            try:
-                self.results[key] = self._run(*key)
-            except Exception as exc:  # every test of this engine fails with it; none starts it again
-                self.results[key] = exc
-        result = self.results[key]
-        if isinstance(result, Exception):
-            raise result
-        return result
 
     def _snapshot(self, host) -> dict:
         usage = host.usage()[0]

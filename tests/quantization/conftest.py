@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import pytest
 
+from ascend_testkit.engine_runs import EngineRuns
+
 PROMPT_LENGTHS = (5, 33, 70)
 MAX_TOKENS = 12
 # bfloat16: ModelSlim's scales are in the model dtype, and torch_npu's quant matmul writes float16 / bfloat16.
@@ -73,21 +75,10 @@ class QuantHosts:
         return self.pool.get("sim", lane="simulated", runner=None)  # Model Runner V2, vLLM's default here
 
 
-class QuantRuns:
+class QuantRuns(EngineRuns):
     def __init__(self, hosts, models, prompts) -> None:
+        super().__init__()
         self.hosts, self.models, self.prompts = hosts, models, prompts
-        self.results: dict[tuple[str, str], dict | Exception] = {}
-
-    def __getitem__(self, key: tuple[str, str]) -> dict:
-        if key not in self.results:
-            try:
-                self.results[key] = self._run(*key)
-            except Exception as exc:  # every test of this engine fails with it; none starts it again
-                self.results[key] = exc
-        result = self.results[key]
-        if isinstance(result, Exception):
-            raise result
-        return result
 
     def _run(self, host_name: str, model: str) -> dict:
         host = self.hosts(host_name)
