@@ -20,6 +20,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 UV = shutil.which("uv")
+if UV is None:  # a missing tool fails the run naming it, never a silent skip
+    pytest.fail("uv is not on PATH: these tests build wheels and environments with it (pip install uv)", pytrace=False)
 TORCH_WHEELS = "/opt/wheels"  # the local CPU torch (see README); elsewhere PyTorch's CPU index
 RUNTIME = {  # distribution -> import packages it must carry
     "ascend-kernels": ["ascend_kernels"],
@@ -30,7 +32,6 @@ RUNTIME = {  # distribution -> import packages it must carry
     "ascend-vllm": ["ascend_vllm"],
 }
 
-pytestmark = pytest.mark.skipif(UV is None, reason="uv is required to build the wheels")
 
 
 def _workspace_versions() -> dict[str, str]:
