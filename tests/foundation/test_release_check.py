@@ -105,3 +105,20 @@ def test_a_range_whose_oldest_version_is_untested_fails(released):
 def test_a_version_older_than_its_release_fails(released):
     _bump(released / "packages/ascend-testkit", "0.1.9", changelog=True)
     assert "ascend-testkit: version 0.1.9 is older than its last release 0.2.0" in problems(released)
+
+
+def test_the_release_dry_run_builds_and_validates_every_artefact_and_records_nothing(tmp_path):
+    record_before = (ROOT / release_check.RECORD).read_bytes()
+    out = subprocess.run(["bash", "scripts/release", "--dry-run", "--out", str(tmp_path)], cwd=ROOT,
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stdout + out.stderr
+    members = workspace(ROOT)
+    assert f"metadata: {2 * len(members)} artefacts valid" in out.stdout, out.stdout
+    for name, package in members.items():
+        line = next(line for line in out.stdout.splitlines() if line.startswith(f"{name} "))
+        assert str(package.version) in line, line
+    testkit = next(line for line in out.stdout.splitlines() if line.startswith("ascend-testkit "))
+    assert "not published (development only)" in testkit
+    assert out.stdout.strip().splitlines()[-1].startswith("dry run: ")
+    assert (ROOT / release_check.RECORD).read_bytes() == record_before
+

@@ -34,6 +34,11 @@ ENGINE = dict(dtype="bfloat16", max_model_len=256, enforce_eager=True, max_num_s
               max_num_batched_tokens=64, enable_chunked_prefill=True, enable_prefix_caching=False)
 BACKENDS = {"npu": {"kernel_backend": "npu", "kernel_checks": True}, "auto": {"kernel_checks": True}}
 PROBES = "ascend_testkit.torch_npu_probes:"
+# Top-k / top-p sampling (vLLM's draw, our filter) after the greedy generation, for these models. Unseeded: with a
+# per-request seed, vLLM 0.32's V1 runner rewinds the request's generator after a chunked-prefill step by its Philox
+# offset, which a CPU generator does not have ("CPU Generator does not use offset": plain vLLM CPU fails the same).
+SAMPLED_MODELS = ("llama",)
+SAMPLED = dict(max_tokens=6, temperature=0.8, top_k=20, top_p=0.9, ignore_eos=True)
 
 
 @pytest.fixture(scope="session")
@@ -91,11 +96,14 @@ class NpuRuns(EngineRuns):
         try:
             before = self._snapshot(host)
             outputs = host.generate(self.prompts, max_tokens=MAX_TOKENS, logprobs=LOGPROBS)["outputs"]
+            sampled = None
+            if model in SAMPLED_MODELS:  # the sampling filter on both runners' samplers
+                sampled = host.generate(self.prompts, **SAMPLED)["outputs"]
             after = self._snapshot(host)
         finally:
             host.stop()
         usage = after["usage"]
-        return {"startup_s": started["startup_s"], "outputs": outputs, "facts": usage["facts"],
+        return {"startup_s": started["startup_s"], "outputs": outputs, "sampled": sampled, "facts": usage["facts"],
                 "counts": _delta(usage["counts"], before["usage"]["counts"]),
                 "npu_ops": _delta(usage["npu_ops"], before["usage"]["npu_ops"]),
                 "fallbacks": _delta(usage["fallbacks"], before["usage"]["fallbacks"]),

@@ -25,8 +25,9 @@ GQA_ATTENTION = {"npu_fused_infer_attention_score_v2"}
 MLA_ATTENTION = {"npu_fused_infer_attention_score", "npu_paged_cache_load"}
 MOE = {"npu_moe_gating_top_k", "npu_moe_init_routing_v2", "npu_grouped_matmul", "npu_swiglu",
        "npu_moe_token_unpermute"}
+SAMPLING_FILTER = {"npu_top_k_top_p"}  # the Llama runs also sample with top_k / top_p (conftest SAMPLED)
 HOT_OPS = {
-    "llama": CACHE_WRITE | NORMS | ROTARY | GQA_ATTENTION | {"npu_swiglu"},
+    "llama": CACHE_WRITE | NORMS | ROTARY | GQA_ATTENTION | SAMPLING_FILTER | {"npu_swiglu"},
     "deepseek_v2": CACHE_WRITE | NORMS | ROTARY | MLA_ATTENTION | {"npu_swiglu"},
     "deepseek_v32": CACHE_WRITE | NORMS | ROTARY | {"npu_swiglu"},
     "qwen3_moe": CACHE_WRITE | NORMS | ROTARY | GQA_ATTENTION | MOE,
@@ -41,6 +42,17 @@ def test_npu_kernels_match_the_reference_kernels(npu_runs, logprobs_close, model
     assert reference["facts"]["kernel_backend"] == "reference" and not reference["npu_ops"]
     assert all(len(o["token_ids"]) > 0 for o in npu["outputs"])
     logprobs_close(npu["outputs"], reference["outputs"], name_0="npu kernels", name_1="reference kernels")
+
+
+@pytest.mark.parametrize("runner", ["v1", "v2"])
+def test_both_runners_sample_through_the_facades_filter(npu_runs, runner):
+    """vLLM's top-k / top-p filter runs as `ascend_kernels`' top_k_top_p on either backend: V1 without Triton
+    (patched torch route), MRV2 through vLLM's kernel dispatcher; npu_top_k_top_p on the NPU backend."""
+    for backend in ("npu", "auto"):
+        run = npu_runs[("llama", runner, backend)]
+        assert run["counts"].get("kernels.top_k_top_p", 0) > 0, (backend, run["counts"])
+        assert [len(o["token_ids"]) for o in run["sampled"]] == [6] * len(run["sampled"])
+    assert npu_runs[("llama", runner, "npu")]["npu_ops"].get("npu_top_k_top_p", 0) > 0
 
 
 @pytest.mark.parametrize(("model", "runner"), RUNS, ids=[f"{m}-{r}" for m, r in RUNS])

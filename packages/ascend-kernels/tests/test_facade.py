@@ -100,8 +100,9 @@ def test_keyword_arguments_are_validated_too():
         (lambda: ops.silu_and_mul(torch.randn(2, 7)), "x"),
         (lambda: ops.topk_softmax(torch.randn(2, 4), 5, True), "topk"),
         (lambda: ops.sample_greedy(torch.randn(4)), "logits"),
-        (lambda: ops.sample(torch.randn(2, 5), torch.ones(3)), "temperature"),
-        (lambda: ops.sample(torch.randn(2, 5), 1.0, top_k=torch.ones(2)), "top_k"),
+        (lambda: ops.top_k_top_p(torch.randn(2, 5), top_p=torch.ones(3)), "top_p"),
+        (lambda: ops.top_k_top_p(torch.randn(2, 5), top_p=0.9), "top_p"),
+        (lambda: ops.top_k_top_p(torch.randn(2, 5), top_k=torch.ones(2)), "top_k"),
         (
             lambda: ops.reshape_and_cache(
                 torch.randn(2, 2, 8),

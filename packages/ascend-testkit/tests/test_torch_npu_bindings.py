@@ -249,11 +249,19 @@ def test_sampling_filter_matches_reference_filter():
     logits = torch.randn(4, 50, generator=g)
     top_k = torch.tensor([5, 0, 50, 12])
     top_p = torch.tensor([0.9, 0.5, 1.0, 0.3])
-    seed = 123
-    got = npu_backend.sample(logits, torch.tensor([1.0, 0.7, 0.0, 1.3]), top_k, top_p, _gen(seed))
-    want = ref.sample(logits, torch.tensor([1.0, 0.7, 0.0, 1.3]), top_k, top_p, _gen(seed))
-    assert torch.equal(got, want)
+    got = npu_backend.top_k_top_p(logits, top_k, top_p)
+    want = ref.top_k_top_p(logits, top_k, top_p)
+    assert torch.equal(got.isinf(), want.isinf()) and int(got.isinf().sum()) > 50
+    torch.testing.assert_close(got[~got.isinf()], want[~want.isinf()])
     assert fake.calls() == {"npu_top_k_top_p": 1}
+
+
+def test_sampling_filter_past_the_kernels_k_range_falls_back_counted():
+    logits = torch.randn(2, 3000, generator=_gen(12))
+    top_k = torch.tensor([1500, 0])  # 1500 > 1024, and row 1 unlimited
+    got = npu_backend.top_k_top_p(logits, top_k, None)
+    assert torch.equal(got, ref.top_k_top_p(logits, top_k, None))
+    assert fake.calls() == {} and npu_usage.snapshot()["fallbacks"].get("top_k_top_p") == 1
 
 
 def test_facade_selects_npu_over_the_fake(monkeypatch):

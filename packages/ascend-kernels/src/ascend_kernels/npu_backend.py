@@ -20,7 +20,6 @@ import importlib
 import torch
 
 from ascend_kernels import npu_usage, reference
-from ascend_kernels.reference import sampling as ref_sampling
 
 _FIA_MASK_SIZE = 2048  # the compressed causal mask sparse_mode 3 expects
 _SPARSE_CAUSAL, _SPARSE_BAND = 3, 4
@@ -308,9 +307,9 @@ def fused_moe(hidden_states, w13, w2, topk_weights, topk_ids, *, w13_bias=None, 
     return _npu().npu_moe_token_unpermute(down, row_idx.clamp(min=0), probs=probs)
 
 
-def sample(logits, temperature, top_k=None, top_p=None, generator=None):
+def top_k_top_p(logits, top_k=None, top_p=None):
     if top_k is None and top_p is None:
-        return reference.sample(logits, temperature, top_k, top_p, generator)
+        return logits
     rows, vocab = logits.shape
     k = None
     if top_k is not None:
@@ -320,18 +319,13 @@ def sample(logits, temperature, top_k=None, top_p=None, generator=None):
             if bool(disabled.all()):
                 k = None  # no row filters by top-k: the kernel's p-only form
             else:
-                npu_usage.record_fallback("sample", f"a top_k above {_TOP_K_MAX} (or disabled in some rows of a "
-                                          f"{vocab}-token vocabulary): npu_top_k_top_p takes k in [1, {_TOP_K_MAX}]")
-                return reference.sample(logits, temperature, top_k, top_p, generator)
+                npu_usage.record_fallback("top_k_top_p", f"a top_k above {_TOP_K_MAX} (or disabled in some rows of "
+                                          f"a {vocab}-token vocabulary): npu_top_k_top_p takes k in [1, {_TOP_K_MAX}]")
+                return reference.top_k_top_p(logits, top_k, top_p)
     if k is None and top_p is None:
-        return reference.sample(logits, temperature, None, None, generator)
-    temp = ref_sampling.per_row(temperature, rows, logits.device)
-    greedy = temp < ref_sampling.SAMPLING_EPS
-    scaled = logits.float() / torch.where(greedy, torch.ones_like(temp), temp)[:, None]
-    p = None if top_p is None else top_p.to(scaled.dtype)
-    filtered = _npu().npu_top_k_top_p(scaled, p, k)
-    sampled = ref_sampling.exponential_race(torch.softmax(filtered, dim=-1), generator)
-    return torch.where(greedy, logits.argmax(dim=-1), sampled)
+        return logits
+    p = None if top_p is None else top_p.to(logits.dtype)
+    return _npu().npu_top_k_top_p(logits, p, k)
 
 
 def _full_lse(lse: torch.Tensor, num_q: int, rows: int, heads: int, device) -> torch.Tensor:

@@ -253,18 +253,17 @@ def sample_greedy(logits) -> torch.Tensor:
     """Argmax token per row of logits `[num_reqs, vocab]` -> int64 `[num_reqs]` (lowest id on ties)."""
 
 
-@kernel_op(validate=_v.check_sample, reference=ref.sample,
-           npu=NpuBinding(target="torch_npu.npu_top_k_top_p + reference sampling", kind="torch_npu",
-                          impl="ascend_kernels.npu_backend:sample", note="the fused filter for top_k and/or "
-                               "top_p; top_k above 1024 runs the reference"))
-def sample(logits, temperature, top_k=None, top_p=None, generator: torch.Generator | None = None) -> torch.Tensor:
-    """Sample one token per row of logits `[num_reqs, vocab]` -> int64 `[num_reqs]`.
+@kernel_op(validate=_v.check_top_k_top_p, reference=ref.top_k_top_p,
+           npu=NpuBinding(target="torch_npu.npu_top_k_top_p", kind="torch_npu",
+                          impl="ascend_kernels.npu_backend:top_k_top_p",
+                          note="the fused filter for top_k and/or top_p; a top_k above 1024 runs the reference"))
+def top_k_top_p(logits, top_k=None, top_p=None) -> torch.Tensor:
+    """The sampling filter: logits `[num_reqs, vocab]` (floating) with each row's tokens outside its top_k, then
+    outside its top_p, set to -inf -> the filtered logits (same shape and dtype; may be `logits` itself).
 
-    temperature float `[num_reqs]` (or one number): rows with temperature < 1e-5 are greedy (argmax). Other rows
-    sample from softmax(logits / temperature) restricted by top_k (int `[num_reqs]`; <= 0 or >= vocab disables a
-    row's limit; ties at the k-th logit are kept) and then top_p (float `[num_reqs]`; the smallest set of most
-    likely tokens whose mass reaches p, at least one; 1.0 disables), renormalised. None disables either filter.
-    Randomness comes from `generator` (a torch.Generator on logits' device) when given.
+    top_k int `[num_reqs]`: <= 0 or >= vocab disables a row's limit; ties at the k-th logit are kept. top_p float
+    `[num_reqs]`: the smallest set of most likely tokens (after top_k) whose mass reaches p, at least one; 1.0
+    disables. None disables either filter. The draw itself is the caller's (vLLM's samplers keep their own noise).
     """
 
 

@@ -362,15 +362,14 @@ def _per_request(op: str, name: str, value, b: int, device, *, integer: bool, op
         fail(op, name, value, expected)
 
 
-def check_sample(logits, temperature, top_k, top_p, generator) -> None:
-    op = "sample"
+def check_top_k_top_p(logits, top_k, top_p) -> None:
+    op = "top_k_top_p"
     _logits(op, "logits", logits)
     b, dev = logits.shape[0], logits.device
-    _per_request(op, "temperature", temperature, b, dev, integer=False, optional=False)
     _per_request(op, "top_k", top_k, b, dev, integer=True, optional=True)
+    if top_p is not None and not isinstance(top_p, torch.Tensor):
+        fail(op, "top_p", top_p, f"None or [{b}] floating on device {dev}")
     _per_request(op, "top_p", top_p, b, dev, integer=False, optional=True)
-    if generator is not None and not isinstance(generator, torch.Generator):
-        fail(op, "generator", generator, "None or a torch.Generator")
 
 
 def check_rejection_sample(

@@ -392,12 +392,18 @@ class AscendNPUPlatform(AscendPlatformBase):
     @classmethod
     def register_triton_kernel_overrides(cls) -> None:
         """vLLM's hook for platform kernels (each worker, before the runner). On a card triton-ascend compiles vLLM's
-        Triton kernels: nothing to replace. A runtime that backs the NPU with host memory has no Triton device, so
-        the kernels run the way the simulated lane runs them (vLLM-CPU's C++ fallbacks for the V1 runner; with
-        Triton's interpreter on, our stand-ins for Model Runner V2's)."""
+        Triton kernels; only the sampling filter is ours (torch_npu's fused npu_top_k_top_p). A runtime that backs
+        the NPU with host memory has no Triton device, so the kernels run the way the simulated lane runs them
+        (vLLM-CPU's C++ fallbacks for the V1 runner; with Triton's interpreter on, our stand-ins for Model Runner
+        V2's, the sampling filter among them)."""
         from ascend_platform import device_seam
 
         if device_seam.npu_backing() is None:
+            from vllm.triton_utils.dispatcher import register_kernels
+
+            from ascend_platform.ops import sampling_filter
+
+            register_kernels({sampling_filter.TRITON_FILTER: sampling_filter.top_k_top_p})
             return
         from ascend_platform.simulated.kernel_overrides import register_for_lane
 
@@ -414,10 +420,7 @@ class AscendNPUPlatform(AscendPlatformBase):
 
     @classmethod
     def is_pin_memory_available(cls) -> bool:
-        # Pinned host memory is for copies to the card; a runtime backing the NPU with host memory has none to pin.
-        from ascend_platform import device_seam
-
-        return device_seam.npu_backing() is None
+        return True  # torch_npu's host allocator pins pages for asynchronous copies to the card
 
     @classmethod
     def manual_seed_all(cls, seed: int) -> None:

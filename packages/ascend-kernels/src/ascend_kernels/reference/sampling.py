@@ -1,4 +1,5 @@
-"""Token sampling (reference): greedy, and temperature / top-k / top-p sampling by the exponential race.
+"""Token sampling (reference): greedy, the top-k / top-p filter, and the exponential race the rejection sampler draws
+with.
 
 Drawing `argmax(p / E)` with `E ~ Exp(1)` per token samples exactly from p without a cumulative-sum search and keeps
 each row's randomness independent of the others.
@@ -59,12 +60,8 @@ def sample_greedy(logits):
     return logits.argmax(dim=-1)
 
 
-def sample(logits, temperature, top_k=None, top_p=None, generator=None):
-    rows = logits.shape[0]
-    if rows == 0:
-        return torch.empty(0, dtype=torch.long, device=logits.device)
-    temp = per_row(temperature, rows, logits.device)
-    greedy = temp < SAMPLING_EPS
-    scaled = logits.float() / torch.where(greedy, torch.ones_like(temp), temp)[:, None]
-    probs = torch.softmax(apply_top_k_top_p(scaled, top_k, top_p), dim=-1)
-    return torch.where(greedy, logits.argmax(dim=-1), exponential_race(probs, generator))
+def top_k_top_p(logits, top_k=None, top_p=None):
+    """The facade's sampling filter: `apply_top_k_top_p` in the logits' own dtype."""
+    if top_k is None and top_p is None:
+        return logits
+    return apply_top_k_top_p(logits.float(), top_k, top_p).to(logits.dtype)

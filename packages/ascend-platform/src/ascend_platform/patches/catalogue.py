@@ -176,6 +176,20 @@ DSV4_ATTENTION_CLASS = REGISTRY.register(Patch(
 ))
 
 
+SAMPLING_TOP_K_TOP_P = REGISTRY.register(Patch(
+    name="sampling.top_k_top_p_pytorch",
+    target="vllm.v1.sample.ops.topk_topp_sampler:apply_top_k_top_p_pytorch",
+    reason="vLLM's samplers filter top-k / top-p through apply_top_k_top_p, which without Triton calls this torch "
+           "formulation (a full sort per row) and offers no platform hook; replaced for the worker process's "
+           "lifetime by ascend_kernels' top_k_top_p (torch_npu's npu_top_k_top_p on a card). With Triton on, the "
+           "dispatcher's override of apply_top_k_top_p_triton does the same (ops.sampling_filter).",
+    contract="topk_topp_sampler.apply_top_k_top_p(logits, k, p) calls the module global "
+             "apply_top_k_top_p_pytorch(logits, k, p, allow_cpu_sync=...) when HAS_TRITON is false and returns what "
+             "it returns: the logits with the filtered-out tokens at -inf.",
+    params=("logits", "k", "p", "allow_cpu_sync"),
+))
+
+
 # ---- the NPU worker on vLLM's GPU Worker ----------------------------------------------------------------------------
 NPU_KERNEL_WARMUP = REGISTRY.register(Patch(
     name="worker.npu_kernel_warmup",

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from vllm.logger import init_logger
 
 from ascend_platform import usage
+from ascend_platform.ops import sampling_filter
 from ascend_platform.patches import REGISTRY
 from ascend_platform.simulated import triton_interpreter
 from ascend_platform.simulated.mrv2_kernels import batch, sampling, spec_decode
@@ -58,7 +59,7 @@ STAND_INS: tuple[StandIn, ...] = (
     StandIn(f"{_GPU}.sample.min_p._min_p_kernel", sampling.min_p, "min_p"),
     StandIn(f"{_GPU}.sample.penalties._penalties_kernel", sampling.penalties, "penalties"),
     StandIn(f"{_GPU}.sample.penalties._bincount_kernel", sampling.bincount, "requests with penalties join"),
-    StandIn("vllm.v1.sample.ops.topk_topp_triton.apply_top_k_top_p_triton", sampling.top_k_top_p, "top_k / top_p"),
+    StandIn(sampling_filter.TRITON_FILTER, sampling_filter.top_k_top_p, "top_k / top_p"),
     StandIn(f"{_GPU}.structured_outputs._apply_grammar_bitmask_kernel", sampling.grammar_bitmask,
             "structured-output requests"),
 ) + tuple(StandIn(kernel, impl, when) for kernel, impl, when in spec_decode.KERNELS)

@@ -32,6 +32,7 @@ class AscendWorkerMixin:
         from ascend_platform.npu_platform import ascend_config_of
         from ascend_platform.ops.custom_ops import register_custom_ops
         from ascend_platform.ops.pluggable_layers import register_pluggable_layers
+        from ascend_platform.ops.sampling_filter import install_torch_route as install_sampling_filter
         from ascend_platform.platform import NPUPlatform
 
         ascend = ascend_config_of(self.vllm_config)
@@ -40,6 +41,7 @@ class AscendWorkerMixin:
         if ascend.custom_ops:
             register_custom_ops()
         register_pluggable_layers()
+        install_sampling_filter()
         # Only the chosen runner's module is imported: the other may not import on this vLLM (the legacy lane has
         # no MRV2 KV hooks, and start-up refused MRV2 there already).
         cls = self._runner_class(bool(self.use_v2_model_runner))

@@ -135,17 +135,6 @@ def bincount(expanded_idx_mapping_ptr, all_token_ids_ptr, all_token_ids_stride, 
             output_bin_counts_ptr[req].index_add_(0, outputs, ones)
 
 
-def top_k_top_p(logits: torch.Tensor, k: torch.Tensor | None, p: torch.Tensor | None,
-                mask_value: float = float("-inf")) -> torch.Tensor:
-    """`apply_top_k_top_p_triton` (shared by both runners' samplers once Triton is on): vLLM's own torch
-    formulation, what its CPU build runs without Triton. It masks with -inf, the only value vLLM passes."""
-    from vllm.v1.sample.ops.topk_topp_sampler import apply_top_k_top_p_pytorch
-
-    if mask_value != float("-inf"):
-        raise NotImplementedError(f"top-k/top-p stand-in masks with -inf only, got mask_value={mask_value}")
-    return apply_top_k_top_p_pytorch(logits, k, p, allow_cpu_sync=True)
-
-
 def grammar_bitmask(logits_ptr, logits_stride, logits_indices_ptr, cu_num_logits_ptr, bitmask_ptr, bitmask_stride,
                     vocab_size, MASK_STRIDE=None, BLOCK_SIZE=None, **_launch):
     """`_apply_grammar_bitmask_kernel`: -inf for the tokens a grammar forbids (bit 0) in each mask's logits row; a
