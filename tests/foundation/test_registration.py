@@ -62,11 +62,18 @@ def test_simulated_lane_is_an_explicit_switch(monkeypatch, value):
 
 
 def test_general_plugin_is_idempotent():
-    from ascend_kv_transfer.registration import register
-
-    first = register()
-    assert register() == []  # a second call in the same process registers nothing new
-    assert isinstance(first, list)
+    # A fresh interpreter, as vLLM's plugin loader calls it once per process: the pytest process never imports
+    # vLLM's engine modules (setuptools' distutils shim, which they pull in through torch's cpp_extension, once
+    # resolved the standard library's distutils in this long-lived process and failed the import).
+    code = (
+        "from ascend_kv_transfer.registration import register\n"
+        "first = register()\n"
+        "assert isinstance(first, list) and first, first\n"
+        "assert register() == [], 'a second call in the same process registered again'\n"
+        "print('ok')\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0 and out.stdout.strip().splitlines()[-1] == "ok", out.stdout + out.stderr
 
 
 def test_torch_npu_status_says_why():
