@@ -28,6 +28,7 @@ OP_MODULES: tuple[str, ...] = (
     "ascend_kernels.ops_dsv4",
     "ascend_kernels.ops_dsv41",
     "ascend_kernels.ops_quant",
+    "ascend_kernels.ops_quant_moe",
 )
 
 BACKEND_NAMES: tuple[str, ...] = ("reference", "npu")
