@@ -35,27 +35,42 @@ def _types(names, kind):
     return lambda d: d.update({k: kind for k in d if any(k.startswith(n + ".") for n in names)})
 
 
-def test_quantized_moe_experts_are_refused_naming_the_layer(quant_hosts, cache_root, tmp_path):
-    """A ModelSlim description marking a Qwen3-MoE's experts W8A8_DYNAMIC: refused when the platform's routed experts
-    are built (quantized experts are not served yet), before any weight loads. First in this module: a refused
-    start leaves the host's parallel groups as that engine made them, and only a MoE engine creates the EP group."""
-    from safetensors import safe_open
+def test_unsupported_expert_type_is_refused_naming_the_layer(quant_hosts, cache_root, tmp_path):
+    """A ModelSlim description marking a Qwen3-MoE's experts W8A16 (a type served for linears, not for experts):
+    refused when the routed experts are built, before any weight loads. First in this module: a refused start
+    leaves the host's parallel groups as that engine made them, and only a MoE engine creates the EP group."""
+    from ascend_testkit.models.quantized_moe import QuantizedMoeSpec, cached_quantized_moe
 
-    from ascend_testkit.models.moe import TinyMoeSpec, cached_tiny_qwen3_moe
+    source = cached_quantized_moe(QuantizedMoeSpec(), cache_root / "models")
+    folder = _edited(tmp_path, str(source), lambda d: d.update(
+        {k: "W8A16" for k, v in d.items() if ".mlp.experts." in k and v == "W8A8_DYNAMIC"}))
+    message = _start_error(quant_hosts, folder)
+    assert ("layer 'model.layers.0.mlp.experts'" in message and "has expert type 'W8A16'; served expert types: "
+            "W8A8_DYNAMIC, W4A8_DYNAMIC, FLOAT" in message), message
 
-    source = cached_tiny_qwen3_moe(TinyMoeSpec(route_skew=2.0), cache_root / "models")
-    folder = tmp_path / "moe"
+
+def test_unsupported_compressed_tensors_expert_scheme_is_refused_by_name(quant_hosts, cache_root, tmp_path):
+    """The compressed-tensors int8 MoE twin with static per-tensor activations: vLLM's config parses it, our
+    platform serves dynamic per-token int8 experts only and refuses it naming the layer and the scheme."""
+    from ascend_testkit.models.quantized_moe import QuantizedMoeSpec, cached_quantized_moe
+
+    source = cached_quantized_moe(QuantizedMoeSpec(fmt="compressed-tensors"), cache_root / "models")
+    folder = tmp_path / "ct-static"
     shutil.copytree(source, folder)
-    names = set()
-    for file in folder.glob("*.safetensors"):
-        with safe_open(str(file), framework="pt") as f:
-            names.update(f.keys())
-    description = {"model_quant_type": "W8A8_DYNAMIC", "version": "1.0.0"}
-    description.update({n: "W8A8_DYNAMIC" if ".experts." in n else "FLOAT" for n in names})
-    (folder / DESCRIPTION).write_text(json.dumps(description))
+    config = json.loads((folder / "config.json").read_text())
+    acts = config["quantization_config"]["config_groups"]["group_0"]["input_activations"]
+    acts.update(strategy="tensor", dynamic=False, observer="minmax")
+    (folder / "config.json").write_text(json.dumps(config))
     message = _start_error(quant_hosts, str(folder))
-    assert message == ("model.layers.0.mlp.experts: the Ascend routed experts run unquantized experts only, not "
-                       "'ascend'"), message
+    assert "compressed-tensors layer 'model.layers.0.mlp.experts': expert scheme (weights 8-bit int" in message, message
+    assert "input activations 8-bit int tensor static)" in message, message
+
+
+def test_another_quantization_method_is_refused_by_name(quant_hosts, quant_models):
+    """vLLM's own check against the platform's `supported_quantization` (ascend, compressed-tensors) refuses it."""
+    error = quant_hosts("v1").start_error(quant_models["ms_dynamic"], quantization="fp8", **quant_hosts.engine)
+    assert error is not None, "fp8 started"
+    assert "fp8 quantization is currently not supported in" in error["message"], error["message"]
 
 
 CASES = {

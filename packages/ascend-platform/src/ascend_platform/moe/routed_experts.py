@@ -43,10 +43,16 @@ class AscendRoutedExpertsMixin:
 
     def _get_quant_method(self, prefix: str, quant_config: Any, moe_config: Any) -> Any:
         # Runs in RoutedExperts.__init__ of the plain layer (a model's subclass is composed later, by the method).
-        if quant_config is not None:
-            raise NotImplementedError(f"{prefix}: the Ascend routed experts run unquantized experts only, not "
-                                      f"{quant_config.get_name()!r}")
-        return super()._get_quant_method(prefix, quant_config, moe_config)
+        # The quantization config picks the method: the platform's quantized experts, or none for float experts
+        # (vLLM's unquantized method, registered out of tree as AscendMoEMethod); anything else is refused by name.
+        from ascend_platform.moe.method import AscendMoEMethod
+        from ascend_platform.quantization.moe_schemes import AscendQuantMoEMethod
+
+        method = super()._get_quant_method(prefix, quant_config, moe_config)
+        if not isinstance(method, (AscendMoEMethod, AscendQuantMoEMethod)):
+            raise NotImplementedError(f"{prefix}: the Ascend routed experts do not run {type(method).__name__} "
+                                      f"({quant_config.get_name()!r} experts)")
+        return method
 
     def ascend_setup(self) -> None:
         """Check what we can run and read the EPLB options; called once, when the layer's weights are created."""

@@ -4,17 +4,20 @@ vLLM's `CompressedTensorsW8A8Int8` asks `init_int8_linear_kernel` for a kernel o
 lists int8 scaled-mm kernels for CUDA, ROCm, XPU and CPU only: on an out-of-tree platform the first linear's
 `create_weights` fails ("no kernel"). `AscendCompressedTensorsConfig` keeps the parsing (config groups, targets,
 ignore lists) and gives each int8 W8A8 linear `AscendCompressedInt8Method` instead; any other scheme or a KV cache
-scheme is refused at model construction, naming the layer and its scheme (MoE layers are refused by the platform's
-routed experts, `ascend_platform.moe`, naming the layer and the method).
+scheme is refused at model construction, naming the layer and its scheme. Routed experts: int8 W8A8 with dynamic
+per-token activations (vLLM's own reading of the scheme, `_is_dynamic_token_w8a8`) run `CompressedInt8DynamicMoE`
+(`moe_schemes`); experts the config ignores stay float; any other expert scheme is refused naming the layer.
 """
 
 from __future__ import annotations
 
 import torch
+from vllm.model_executor.layers.fused_moe.routed_experts import RoutedExperts
 
 from ascend_core.upstream import quantization_api
 from ascend_platform.quantization import int8_matmuls
 from ascend_platform.quantization.errors import QuantizationRefusedError
+from ascend_platform.quantization.moe_schemes import CompressedInt8DynamicMoE
 
 _API = quantization_api()
 METHOD = "compressed-tensors"
@@ -85,7 +88,8 @@ class AscendCompressedInt8Method(_API.LinearMethodBase):
 def _refuse(prefix: str, what: str) -> None:
     raise QuantizationRefusedError(
         f"compressed-tensors layer {prefix!r}: {what} is not supported on the Ascend platform (it serves int8 W8A8 "
-        "linears: channel- or tensor-wise int8 weights, static per-tensor or dynamic per-token int8 activations)")
+        "linears: channel- or tensor-wise int8 weights, static per-tensor or dynamic per-token int8 activations; and "
+        "int8 experts: channel-wise weights, dynamic per-token int8 activations)")
 
 
 class AscendCompressedTensorsConfig(_API.CompressedTensorsConfig):
@@ -99,6 +103,33 @@ class AscendCompressedTensorsConfig(_API.CompressedTensorsConfig):
             if not isinstance(scheme, _API.CompressedTensorsW8A8Int8):
                 _refuse(prefix, f"linear scheme {type(scheme).__name__}")
             return AscendCompressedInt8Method(scheme)
+        if isinstance(layer, RoutedExperts):
+            return self._experts_method(layer, prefix)
         if getattr(self, "kv_cache_scheme", None) is not None and type(layer).__name__ == "Attention":
             _refuse(prefix, f"KV cache scheme {self.kv_cache_scheme}")
         return super().get_quant_method(layer, prefix)
+
+    def _experts_method(self, layer, prefix):
+        # vLLM's CompressedTensorsMoEMethod.get_moe_method reads the scheme the same way (expert 0's projections,
+        # which must agree), then picks a CUDA / CPU kernel class; here the int8 dynamic form runs on our kernels.
+        self._add_fused_moe_to_target_scheme_map()
+        projs = (layer.ckpt_gate_proj_name, layer.ckpt_up_proj_name, layer.ckpt_down_proj_name)
+        schemes = [self.get_scheme_dict(layer, f"{prefix}.0.{proj}") for proj in projs]
+        if any(s != schemes[0] for s in schemes):
+            _refuse(prefix, "experts whose projections have different schemes")
+        scheme = schemes[0]
+        if scheme is None:
+            return None  # ignored: float experts (vLLM's unquantized method, the platform's AscendMoEMethod)
+        weights, inputs = scheme.get("weights"), scheme.get("input_activations")
+        if not self._is_dynamic_token_w8a8(weights, inputs):
+            _refuse(prefix, f"expert scheme (weights {_describe(weights)}, input activations {_describe(inputs)})")
+        return CompressedInt8DynamicMoE(layer.moe_config, prefix)
+
+
+def _describe(args) -> str:
+    if args is None:
+        return "none"
+    strategy = getattr(args.strategy, "value", args.strategy)
+    return (f"{args.num_bits}-bit {getattr(args.type, 'value', args.type)} {strategy} "
+            f"{'dynamic' if args.dynamic else 'static'}"
+            f"{'' if args.symmetric else ' asymmetric'}")

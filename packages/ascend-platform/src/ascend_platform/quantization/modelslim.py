@@ -3,25 +3,29 @@
 The description maps every tensor name to its quantization type (`FLOAT`, `W8A8`, `W8A8_DYNAMIC`, `W8A16`,
 `W4A8_DYNAMIC`, `C8`, ...) beside global keys (`model_quant_type`, `version`, `kv_cache_type`, ...; keys without a
 dot). A linear's type is its weight's; a fused layer (`qkv_proj`, `gate_up_proj`) resolves its shards through the
-model's packed-modules mapping and all shards must share one type. Served: W8A8, W8A8_DYNAMIC, W8A16 and FLOAT
-linears. Refused at model construction, naming the layer and its type: any other linear type, a quantized
-embedding or LM head, and (at config time) C8 / FA-quantized KV caches. MoE layers of a quantized model are refused
-by the platform's routed experts when they are built (`ascend_platform.moe`), naming the layer and the method.
+model's packed-modules mapping and all shards must share one type; a routed-experts layer's type is the one every
+expert projection of it shares. Served: W8A8, W8A8_DYNAMIC, W8A16 and FLOAT linears; W8A8_DYNAMIC, W4A8_DYNAMIC
+(per-channel) and FLOAT experts. Refused at model construction, naming the layer and its type: any other linear or
+expert type, experts of mixed types, per-group W4A8 (`group_size` > 0), a quantized embedding or LM head, and (at
+config time) C8 / FA-quantized KV caches.
 """
 
 from __future__ import annotations
 
 import torch
+from vllm.model_executor.layers.fused_moe.routed_experts import RoutedExperts
 
 from ascend_core.upstream import quantization_api
 from ascend_platform.quantization.errors import QuantizationRefusedError, QuantizedCheckpointError
 from ascend_platform.quantization.modelslim_schemes import LINEAR_SCHEMES
+from ascend_platform.quantization.moe_schemes import MOE_SCHEMES
 
 _API = quantization_api()
 METHOD = "ascend"
 DESCRIPTION_FILE = "quant_model_description.json"
 FLOAT = "FLOAT"
 _KV_KEYS = ("kv_cache_type", "kv_quant_type", "fa_quant_type")
+_EXPERT_PROJS = ("gate_proj", "up_proj", "down_proj")
 
 
 def tensor_types(description: dict) -> dict[str, str]:
@@ -89,9 +93,41 @@ class AscendModelSlimConfig(_API.QuantizationConfig):
                     f"ascend quantization: layer {prefix!r} ({type(layer).__name__}) has type {kind!r}; served "
                     f"linear types: {', '.join([*LINEAR_SCHEMES, FLOAT])}")
             return LINEAR_SCHEMES[kind]()
+        if isinstance(layer, RoutedExperts):
+            return self._experts_method(layer, prefix)
         kind = self.types.get(f"{prefix}.weight")
         if kind not in (None, FLOAT):
             raise QuantizationRefusedError(
                 f"ascend quantization: layer {prefix!r} ({type(layer).__name__}) has type {kind!r}; only linears "
                 "are quantized on this platform")
         return None
+
+    def experts_type(self, layer, prefix: str) -> str:
+        """The one type of every expert projection weight of the routed-experts layer at `prefix`."""
+        names = [f"{prefix}.{e}.{proj}.weight" for e in range(layer.global_num_experts) for proj in _EXPERT_PROJS]
+        found = {}
+        for name in names:
+            if name not in self.types:
+                raise QuantizedCheckpointError(
+                    f"ascend quantization: {DESCRIPTION_FILE} names no type for tensor {name!r} (layer {prefix!r})")
+            found.setdefault(self.types[name], name)
+        if len(found) != 1:
+            raise QuantizationRefusedError(
+                f"ascend quantization: the experts of layer {prefix!r} have different types "
+                f"{ {kind: name for kind, name in found.items()} } (one kernel runs every expert of a layer)")
+        return next(iter(found))
+
+    def _experts_method(self, layer, prefix: str):
+        kind = self.experts_type(layer, prefix)
+        if kind == FLOAT:
+            return None  # vLLM's unquantized method: the platform's AscendMoEMethod
+        if kind not in MOE_SCHEMES:
+            raise QuantizationRefusedError(
+                f"ascend quantization: layer {prefix!r} ({type(layer).__name__}) has expert type {kind!r}; served "
+                f"expert types: {', '.join([*MOE_SCHEMES, FLOAT])}")
+        group_size = int(self.description.get("group_size") or 0)
+        if kind == "W4A8_DYNAMIC" and group_size > 0:
+            raise QuantizationRefusedError(
+                f"ascend quantization: layer {prefix!r} is per-group W4A8_DYNAMIC (group_size={group_size}); only "
+                "per-channel int4 experts are served")
+        return MOE_SCHEMES[kind](layer.moe_config, prefix)
