@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from vllm.model_executor.layers.fused_moe.fused_moe_method_base import FusedMoEMethodBase
 from vllm.model_executor.layers.fused_moe.routed_experts import RoutedExperts
 
 from ascend_platform.moe.routed_experts import AscendRoutedExperts, AscendRoutedExpertsMixin, ascend_composition
@@ -41,12 +42,30 @@ def test_a_subclass_with_its_own_forward_is_refused_by_name():
         ascend_composition(dict)
 
 
+class _ForeignMoEMethod(FusedMoEMethodBase):
+    """A quantization config's MoE method that is not the platform's (e.g. vLLM's CUDA fp8 experts)."""
+
+    def create_weights(self, *args, **kwargs) -> None:
+        raise AssertionError("a refused method builds nothing")
+
+    def get_fused_moe_quant_config(self, layer) -> None:
+        return None
+
+
 class _QuantConfig:
+    online_quantization_config = None
+
     def get_name(self) -> str:
         return "fp8"
 
+    def get_quant_method(self, layer, prefix):
+        return object.__new__(_ForeignMoEMethod)
+
 
 def test_a_quantized_plain_layer_is_refused_naming_the_layer_and_method():
-    with pytest.raises(NotImplementedError, match="model.layers.0.mlp.experts: .* unquantized .* 'fp8'"):
+    """The platform runs its own MoE methods only (AscendMoEMethod, the quantized AscendQuantMoEMethod): any other
+    method a quantization config picks for the experts is refused naming the layer, the method and the config."""
+    with pytest.raises(NotImplementedError, match=r"model.layers.0.mlp.experts: the Ascend routed experts do not run "
+                                                  r"_ForeignMoEMethod \('fp8' experts\)"):
         AscendRoutedExperts._get_quant_method(object.__new__(AscendRoutedExperts), "model.layers.0.mlp.experts",
                                               _QuantConfig(), None)
