@@ -33,14 +33,15 @@ def _scale_bits(scale: torch.Tensor) -> torch.Tensor:
     return scale.float().contiguous().view(torch.int32).to(torch.int64) & 0xFFFFFFFF
 
 
-def _gmm(x, weight, scale, pertoken_scale, group_list, int4, bias, output_dtype):
+def _gmm_kwargs(x, weight, scale, pertoken_scale, group_list, int4, bias, output_dtype) -> dict:
+    """npu_grouped_matmul's arguments for one grouped quantized matmul (per-token int8, or int8 x int4)."""
     if int4:
         weight, scale, bias = _int4_words(weight), _scale_bits(scale), [bias.float()]
     else:
         scale, bias = scale.float(), None
-    return _npu().npu_grouped_matmul([x], [weight], bias=bias, scale=[scale], per_token_scale=[pertoken_scale],
-                                     group_list=group_list, split_item=2, group_type=0, group_list_type=1,
-                                     output_dtype=_DTYPE_ENUM[output_dtype])[0]
+    return {"x": [x], "weight": [weight], "bias": bias, "scale": [scale], "per_token_scale": [pertoken_scale],
+            "group_list": group_list, "split_item": 2, "group_type": 0, "group_list_type": 1,
+            "output_dtype": _DTYPE_ENUM[output_dtype]}
 
 
 def grouped_quant_matmul(x, weight, scale, pertoken_scale, group_list, *, int4=False, bias=None,
@@ -50,7 +51,8 @@ def grouped_quant_matmul(x, weight, scale, pertoken_scale, group_list, *, int4=F
                                   "quantized forms write float16 / bfloat16")
         return _ref.grouped_quant_matmul(x, weight, scale, pertoken_scale, group_list, int4=int4, bias=bias,
                                          output_dtype=output_dtype)
-    return _gmm(x, weight, scale, pertoken_scale, group_list.to(torch.int64), int4, bias, output_dtype)
+    return _npu().npu_grouped_matmul(**_gmm_kwargs(x, weight, scale, pertoken_scale, group_list.to(torch.int64), int4,
+                                                   bias, output_dtype))[0]
 
 
 def fused_moe_quant(hidden_states, w13, w2, w13_scale, w2_scale, topk_weights, topk_ids, *, int4=False,
@@ -65,18 +67,19 @@ def fused_moe_quant(hidden_states, w13, w2, w13_scale, w2_scale, topk_weights, t
     if t == 0:
         return hidden_states.new_zeros(hidden_states.shape)
     experts = w13.shape[0]
-    npu = _npu()
     # Pairs of experts outside [0, E) (other ranks' experts, id -1) are left out by the active range; the expanded
     # rows past the routed ones are undefined, so they are zeroed before they are quantized.
-    expanded_x, row_idx, expert_tokens, _ = npu.npu_moe_init_routing_v2(
+    expanded_x, row_idx, expert_tokens, _ = _npu().npu_moe_init_routing_v2(
         hidden_states, topk_ids.to(torch.int32), active_num=t * k, expert_num=experts, expert_tokens_num_type=1,
         expert_tokens_num_flag=True, active_expert_range=[0, experts])
     routed = (torch.arange(expanded_x.shape[0], device=expanded_x.device) < expert_tokens.sum())[:, None]
     zero = torch.zeros((), dtype=dtype, device=expanded_x.device)
-    xq, x_scale = npu.npu_dynamic_quant(torch.where(routed, expanded_x, zero))
-    gate_up = _gmm(xq, w13, w13_scale, x_scale, expert_tokens, int4, w13_bias, dtype)
-    aq, a_scale = npu.npu_dynamic_quant(torch.where(routed, npu.npu_swiglu(gate_up), zero))
-    down = torch.where(routed, _gmm(aq, w2, w2_scale, a_scale, expert_tokens, int4, w2_bias, dtype), zero)
+    xq, x_scale = _npu().npu_dynamic_quant(torch.where(routed, expanded_x, zero))
+    gate_up = _npu().npu_grouped_matmul(**_gmm_kwargs(xq, w13, w13_scale, x_scale, expert_tokens, int4, w13_bias,
+                                                      dtype))[0]
+    aq, a_scale = _npu().npu_dynamic_quant(torch.where(routed, _npu().npu_swiglu(gate_up), zero))
+    down = _npu().npu_grouped_matmul(**_gmm_kwargs(aq, w2, w2_scale, a_scale, expert_tokens, int4, w2_bias, dtype))[0]
+    down = torch.where(routed, down, zero)
     valid = (row_idx >= 0).view(t, k)
     probs = torch.where(valid, topk_weights.to(dtype), zero)
-    return npu.npu_moe_token_unpermute(down, row_idx.clamp(min=0), probs=probs)
+    return _npu().npu_moe_token_unpermute(down, row_idx.clamp(min=0), probs=probs)
