@@ -138,7 +138,8 @@ async def _disaggregated(request: Request, path: str) -> Response:
         st.counters.failed += 1
         if exc.server and exc.role:
             out_headers[f"x-router-{exc.role}"] = exc.server
-        if exc.role == "decode":
+        if params is not None:  # the prefill succeeded and holds KV no decode will claim (any decode failure,
+            # including no decode server left to try after it)
             released = await st.proxy.release_prefill(params, exc.message)
             if released:
                 exc = RouterError(exc.status, f"{exc.message}; {released}", exc.server, exc.role)

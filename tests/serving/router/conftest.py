@@ -4,8 +4,9 @@ the stack the router uses (Starlette on uvicorn), that answer like vLLM's OpenAI
 A fake answers a request carrying `kv_transfer_params.do_remote_decode` as a prefill (one token, params back) and
 any other as a decode whose text names the fake, the prompt and the transfer id it was given, so a test can tell
 which server did what. Knobs per fake: `health` (status of /health), `mode` (ok | error500 | bad_request | hang |
-die_mid_stream | no_params), `gate` (a streamed answer waits there after its first chunk). `run(scenario)` runs a
-coroutine with every fake and router it starts in one event loop, and stops them all, bounded.
+die_mid_stream | no_params), `gate` (a streamed answer waits there after its first chunk), `side_channel` (the
+address a prefill's params name for releasing its held KV), `prefill_delay_s` (a prefill answers after it).
+`run(scenario)` runs a coroutine with every fake and router it starts in one event loop, and stops them all, bounded.
 """
 
 from __future__ import annotations
@@ -36,6 +37,8 @@ class FakeUpstream:
         self.mode = "ok"
         self.gate: asyncio.Event | None = None
         self.chunks = 3
+        self.side_channel: tuple[str, int] | None = None  # where a prefill's params say its held KV can be released
+        self.prefill_delay_s = 0.0
         self.requests: list[dict] = []
         self.url = ""
         self.server: uvicorn.Server | None = None
@@ -66,8 +69,11 @@ class FakeUpstream:
         params = body.get("kv_transfer_params") or {}
         chat = request.url.path.endswith("/chat/completions")
         if params.get("do_remote_decode"):
+            await asyncio.sleep(self.prefill_delay_s)
             returned = None if self.mode == "no_params" else {
                 "do_remote_prefill": True, "remote_engine_id": self.name, "transfer_id": params["transfer_id"]}
+            if returned is not None and self.side_channel is not None:
+                returned |= {"remote_host": self.side_channel[0], "remote_port": self.side_channel[1]}
             return JSONResponse({"id": "p", "choices": [self._choice(chat, "first", "length")],
                                  "kv_transfer_params": returned})
         prompt = body["messages"][-1]["content"] if chat else body["prompt"]

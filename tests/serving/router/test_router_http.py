@@ -8,6 +8,7 @@ import json
 import socket
 
 import aiohttp
+import pytest
 
 
 def _dead_url() -> str:
@@ -216,6 +217,70 @@ def test_no_healthy_decode_is_503_naming_it(run):
         assert p.requests == []  # nothing is prefilled for a request no decode server can take
 
     run(scenario)
+
+
+class _PrefillWorker:
+    """A prefill worker's side channel (the connector's own server and messages) that frees what it is asked to."""
+
+    def __init__(self) -> None:
+        from ascend_kv_transfer.p2p.side_channel import SideChannelServer
+
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.address = ("127.0.0.1", s.getsockname()[1])
+        self.asked: list = []
+        self.channel = SideChannelServer(*self.address, self._handle)
+
+    def _handle(self, message):
+        from ascend_kv_transfer.p2p import schema
+
+        self.asked.append((type(message).__name__, getattr(message, "transfer_id", None)))
+        return schema.ReleaseResponse(released=True)
+
+
+def _released_once(worker: _PrefillWorker, prefill, message: str, releases: dict) -> None:
+    transfer_id = prefill.requests[0]["body"]["kv_transfer_params"]["transfer_id"]
+    assert worker.asked == [("ReleaseRequest", transfer_id)], worker.asked
+    assert "the prefill's KV blocks were released" in message, message
+    assert releases["released"] == 1 and releases["failed"] == 0, releases
+
+
+@pytest.mark.parametrize("way", ["gone", "unhealthy"])
+def test_every_decode_failing_after_the_prefill_releases_the_prefill_kv(run, way):
+    """The prefill has answered and holds the prompt's KV when no decode server is left: the error releases it over
+    the prefill's side channel instead of leaving it pinned until the prefill's abort timeout. Two ways to run out:
+    the only decode server is gone (502, every server tried), or health checks take it out while the prefill runs
+    (503, none healthy)."""
+    worker = _PrefillWorker()
+
+    async def scenario(stack):
+        p, d = await stack.fake("P"), await stack.fake("D")
+        p.side_channel = worker.address
+        if way == "gone":
+            router = await stack.router([p.url], [d.url], health_interval_s=3600)
+            await stack.stop(d.server)
+        else:
+            router = await stack.router([p.url], [d.url], health_interval_s=0.05)
+            p.prefill_delay_s = 1.0
+        posted = asyncio.ensure_future(_post(stack, router, prompt="x"))
+        if way == "unhealthy":  # D turns unhealthy once the prefill has begun: the next checks take it out
+
+            async def prefilling() -> bool:
+                return bool(p.requests)
+            await stack.wait_until(prefilling, timeout=10, what="the prefill request reached P")
+            d.health = 503
+        status, _, body = await posted
+        message = body["error"]["message"]
+        if way == "gone":
+            assert status == 502 and "decode failed on every server tried" in message, body
+        else:
+            assert status == 503 and "no healthy decode server" in message, body
+        _released_once(worker, p, message, (await _status(stack, router))["kv_releases"])
+
+    try:
+        run(scenario)
+    finally:
+        worker.channel.close()
 
 
 def test_decode_dying_mid_stream_ends_the_stream_with_an_error_naming_it(run):
