@@ -2,7 +2,8 @@
 
 The engine hosts, the demo, the servers and the CLI runs of this session recorded coverage (`ascend_testkit.reach`);
 the pytest process itself did not, so a module only unit tests reach does not count. A module counts when one of
-its functions ran. Exceptions are listed here with their reason; NOT_YET_WIRED is a ratchet: each entry names the
+its functions ran outside any import (what a module-level call runs at import is told apart and does not count).
+Exceptions are listed here with their reason; NOT_YET_WIRED is a ratchet: each entry names the
 open issue that wires it, and the test fails when a listed module becomes reached (take it off the list).
 """
 
@@ -82,7 +83,7 @@ def executed(request, host_pool, passed_test_files) -> dict[str, set[int]]:
 
 @pytest.fixture(scope="module")
 def reach(executed) -> dict[str, bool]:
-    return reached(runtime_modules(), executed)
+    return reached(runtime_modules(), executed, executed_lines(os.environ[REACH_ENV], at_import=True))
 
 
 @pytest.fixture(scope="module")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from coverage import CoverageData
 
@@ -35,3 +37,68 @@ def test_a_host_killed_on_purpose_keeps_what_it_ran(tmp_path, monkeypatch):
         host.close()
     probe = [path for path in executed_lines(tmp_path / "reach") if path.endswith("ascend_kernels/npu_probe.py")]
     assert probe, "the killed host's coverage was lost"
+
+
+
+def _function_lines(path: str, name: str) -> set[int]:
+    import ast
+
+    from ascend_testkit.reach.modules import _function_body_lines
+
+    tree = ast.parse(Path(path).read_text())
+    return next(_function_body_lines(n) for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == name)
+
+
+def test_what_an_import_runs_is_told_apart_from_what_runs_after(tmp_path, monkeypatch):
+    """A process recording reach imports `ascend_kernels.ops`, whose module body calls `_reexport_families()`, then
+    calls `torch_npu_status()`: the first counts only as run at import, the second as run."""
+    import os
+    import subprocess
+    import sys
+
+    import ascend_kernels.npu_probe
+    import ascend_kernels.ops
+    from ascend_testkit.reach.collect import reach_env
+
+    monkeypatch.setenv("ASCEND_TESTKIT_REACH", str(tmp_path / "reach"))
+    code = ("import ascend_kernels.ops\n"
+            "from ascend_kernels.npu_probe import torch_npu_status\n"
+            "torch_npu_status()\n")
+    out = subprocess.run([sys.executable, "-c", code], env={**os.environ, **reach_env()}, capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    run, every = executed_lines(tmp_path / "reach"), executed_lines(tmp_path / "reach", at_import=True)
+    ops = str(Path(ascend_kernels.ops.__file__).resolve())
+    helper = _function_lines(ops, "_reexport_families")
+    assert helper & every[ops] and not helper & run.get(ops, set())
+    probe = str(Path(ascend_kernels.npu_probe.__file__).resolve())
+    assert _function_lines(probe, "torch_npu_status") & run[probe]
+
+MODULE = '''
+def helper():
+    return 1
+
+
+def served():
+    return 2
+
+
+VALUE = helper()
+'''
+
+
+def test_a_module_counts_by_what_its_functions_ran_outside_imports(tmp_path):
+    from ascend_testkit.reach.modules import Module, reached
+
+    path = tmp_path / "module.py"
+    path.write_text(MODULE)
+    module, key = Module("m", path), str(path)
+    helper, served, body = {3}, {7}, {10}
+    # Only the import ran, and `served` never ran: not reached (what the import ran proves nothing).
+    assert reached([module], {}, {key: helper | body}) == {"m": False}
+    # `served` ran after the import: reached.
+    assert reached([module], {key: served}, {key: helper | served | body}) == {"m": True}
+    # Every function ran while the module was imported (helpers building its declarations): reached by the import.
+    assert reached([module], {}, {key: helper | served | body}) == {"m": True}
+    # Never imported.
+    assert reached([module], {}, {}) == {"m": False}

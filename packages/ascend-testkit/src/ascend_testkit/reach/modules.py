@@ -1,7 +1,9 @@
 """Which runtime modules ran in the measured processes: a module counts when one of its functions ran.
 
-A module with functions is reached only when a line inside one of them executed (importing it runs its `def`
-lines, which proves nothing); a module without functions (data, re-exports) is reached when it was imported.
+A module with functions is reached only when a line inside one of them executed outside any import of a runtime
+module (importing runs its `def` lines, and module-level calls run function bodies no engine asked for: neither proves
+anything; `import_context` labels them); a module without functions (data, re-exports) is reached when it was
+imported.
 """
 
 from __future__ import annotations
@@ -25,6 +27,13 @@ class UnreadableReachData(RuntimeError):
 class Module:
     name: str
     path: Path
+
+    def function_bodies(self) -> list[set[int]]:
+        """The body lines of each function of the module (methods and nested functions too), docstrings left out."""
+        tree = ast.parse(self.path.read_text(), filename=str(self.path))
+        bodies = (_function_body_lines(node) for node in ast.walk(tree)
+                  if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)))
+        return [body for body in bodies if body]
 
     def body_lines(self) -> set[int]:
         """Lines of statements inside function bodies (docstrings left out)."""
@@ -92,8 +101,9 @@ def runtime_modules(packages: Iterable[str] = RUNTIME_PACKAGES) -> list[Module]:
     return found
 
 
-def executed_lines(folder: str | os.PathLike) -> dict[str, set[int]]:
-    """File path -> lines executed, over every coverage data file the measured processes wrote in `folder`.
+def executed_lines(folder: str | os.PathLike, *, at_import: bool = False) -> dict[str, set[int]]:
+    """File path -> lines executed, over every coverage data file the measured processes wrote in `folder`: lines
+    that ran outside any import of a runtime module (`import_context`), or with `at_import` every line that ran.
 
     A data file that cannot be read fails the check (naming it): the reach it held is unknown, so "every module was
     reached" could not be claimed. Processes write their data at exit (SIGTERM included); one killed with SIGKILL
@@ -102,6 +112,8 @@ def executed_lines(folder: str | os.PathLike) -> dict[str, set[int]]:
     from coverage import CoverageData
     from coverage.exceptions import DataError
 
+    from ascend_testkit.reach.import_context import IMPORT_CONTEXT
+
     lines: dict[str, set[int]] = {}
     for data_file in sorted(glob.glob(os.path.join(folder, ".coverage*"))):
         if data_file.endswith(("-journal", "-wal", "-shm")):
@@ -109,10 +121,14 @@ def executed_lines(folder: str | os.PathLike) -> dict[str, set[int]]:
         data = CoverageData(basename=data_file)
         try:
             data.read()
+            if not at_import:  # every context but the import one (the default context is "")
+                data.set_query_contexts([f"^(?!{IMPORT_CONTEXT}$)"])
+            measured = {path: data.lines(path) for path in data.measured_files()}
         except DataError as exc:
             raise UnreadableReachData(f"coverage data file {data_file} cannot be read: {exc}") from exc
-        for measured in data.measured_files():
-            lines.setdefault(str(Path(measured).resolve()), set()).update(data.lines(measured) or ())
+        for path, ran in measured.items():
+            if ran:
+                lines.setdefault(str(Path(path).resolve()), set()).update(ran)
     return lines
 
 
@@ -127,10 +143,19 @@ def reached_classes(modules: Iterable[Module], executed: dict[str, set[int]]) ->
     return out
 
 
-def reached(modules: Iterable[Module], executed: dict[str, set[int]]) -> dict[str, bool]:
+def reached(modules: Iterable[Module], executed: dict[str, set[int]],
+            imported: dict[str, set[int]] | None = None) -> dict[str, bool]:
+    """Module -> reached: a line of one of its functions ran outside imports (`executed`). A module without
+    functions (data, re-exports), or whose every function ran while it was imported (helpers building its
+    declarations, such as `NPUPlatform = _lane_class()`), counts when it was imported (`imported`: every line that
+    ran; default `executed`): its classes are held to the per-class check."""
+    imported = executed if imported is None else imported
     out = {}
     for module in modules:
-        ran = executed.get(str(module.path), set())
-        body = module.body_lines()
-        out[module.name] = bool(ran & body) if body else bool(ran)
+        ran, seen = executed.get(str(module.path), set()), imported.get(str(module.path), set())
+        bodies = module.function_bodies()
+        if any(body & ran for body in bodies):
+            out[module.name] = True
+        else:  # no function ran outside imports: reached only as a module whose functions all serve its import
+            out[module.name] = bool(seen) and all(body & seen for body in bodies)
     return out
