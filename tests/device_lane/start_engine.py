@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import sys
+import traceback
 
 PROMPT_LENGTHS = (5, 127, 129)
 MAX_TOKENS = 8
@@ -40,6 +41,7 @@ def main(model: str, utilization: float) -> None:
                                           for step in o.outputs[0].logprobs]} for o in outputs]
         facts["usage"] = core.model_executor.collective_rpc("ascend_usage")[0]
     except Exception as exc:  # the test reports how far the lane got
+        traceback.print_exc()
         facts["error"] = f"{type(exc).__name__}: {exc}"[:2000]
     print("FACTS " + json.dumps(facts, default=str), flush=True)
 

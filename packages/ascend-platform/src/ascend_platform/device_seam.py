@@ -1,9 +1,11 @@
-"""The one place the device lane learns which torch.device its tensors live on.
+"""The one place the device lane learns that its NPU is backed by another device.
 
-On an Ascend host that is torch_npu's `npu:<local rank>`. A device runtime that backs the NPU with other storage (the
-testkit's emulated NPU runtime, which keeps tensors on the CPU) says so once, through `back_npu_with`, before any
-worker starts; everything else about the device (memory, streams, distributed backend) still goes through
-`torch.npu` / `torch.accelerator` as on a card.
+On an Ascend host CANN runs the NPU kernels and triton-ascend compiles vLLM's Triton kernels for the card. A device
+runtime that backs the `npu` device with the host (the testkit's emulated NPU: host memory behind a real `npu` torch
+device, the CPU's kernels behind it) says so once, through `back_npu_with(torch.device("cpu"))`, before any worker
+starts; the platform then runs vLLM's Triton kernels the host's way (`simulated.kernel_overrides`), as there is no
+Triton device. Tensors, memory, streams, graphs and the distributed backend still go through the `npu` device and
+`torch.npu` / `torch.accelerator`, as on a card.
 """
 
 from __future__ import annotations
@@ -14,17 +16,10 @@ _backing: list[torch.device] = []
 
 
 def back_npu_with(device: torch.device | None) -> None:
-    """`device` holds the NPU's tensors from now on; None: torch_npu's own `npu` device again."""
+    """`device` runs the NPU's kernels from now on; None: the card's own (CANN, triton-ascend) again."""
     _backing.clear()
     if device is not None:
         _backing.append(torch.device(device))
-
-
-def worker_device(local_rank: int) -> torch.device:
-    """The device an NPU worker of `local_rank` puts its tensors on."""
-    if _backing:
-        return _backing[0]
-    return torch.device("npu", local_rank)
 
 
 def npu_backing() -> torch.device | None:

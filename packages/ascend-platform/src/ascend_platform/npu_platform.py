@@ -240,9 +240,12 @@ class AscendPlatformBase(Platform):
     def _decide_graph_mode(cls, vllm_config: VllmConfig, ascend: AscendConfig) -> None:
         from vllm.config import CompilationMode, CUDAGraphMode
 
-        from ascend_platform.graph.policy import capture_sizes_for, graph_mode_for
+        from ascend_platform.graph.policy import capture_sizes_for, graph_mode_for, without_cuda_fusions
 
         compilation, sched = vllm_config.compilation_config, vllm_config.scheduler_config
+        dropped = without_cuda_fusions(compilation.pass_config)
+        if dropped:
+            logger.info("vLLM's fusion passes %s target CUDA kernels: off on Ascend", dropped)
         enforce_eager = vllm_config.model_config is not None and vllm_config.model_config.enforce_eager
         mode = graph_mode_for(ascend.graph_mode, simulated=cls.simulated, enforce_eager=enforce_eager)
         compilation.cudagraph_mode = mode
@@ -409,6 +412,21 @@ class AscendNPUPlatform(AscendPlatformBase):
 
         Platform.import_kernels()  # vLLM's own: the host build's C++ kernels those fallbacks call (a card has none)
         register_for_lane()
+
+    @classmethod
+    def opaque_attention_op(cls) -> bool:
+        # Attention runs as vLLM's opaque custom op (unified_attention_with_output): torch.compile splits the model
+        # there (piecewise graphs around attention, whose lengths live on the host). Traced directly, Dynamo baked
+        # one batch's host lengths into the compiled model and every later step attended wrongly (found by the
+        # emulated NPU runtime).
+        return True
+
+    @classmethod
+    def support_static_graph_mode(cls) -> bool:
+        # ACL graphs. Without this vLLM forces cudagraph_mode NONE and never sizes compile ranges, and the graph mode
+        # our policy sets afterwards met a compiled model with no compile sizes ("Shape: N out of considered ranges",
+        # found by the emulated NPU runtime).
+        return True
 
     @classmethod
     def set_device(cls, device: torch.device) -> None:

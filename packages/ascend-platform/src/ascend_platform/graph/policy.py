@@ -49,6 +49,24 @@ def capture_sizes_for(mode: CUDAGraphMode, sizes: tuple[int, ...] | None, *, max
     return [s for s in wanted if s <= limit] or [min(wanted)]
 
 
+# vLLM's compile-time fusion passes: each rewrites the graph onto CUDA / ROCm kernels (fp8 quant, flashinfer
+# all-reduce, fused rope + KV-cache writes ...) whose pass classes vLLM imports only on CUDA-alike or XPU platforms.
+# vLLM turns some on from the custom ops a platform enables (rms_norm, silu_and_mul: ours), and on a device a
+# torch.compile'd model then stopped with "name 'RMSNormQuantFusionPass' is not defined" (found by the emulated NPU).
+FUSION_PASSES = ("fuse_norm_quant", "fuse_act_quant", "fuse_attn_quant", "fuse_allreduce_rms",
+                 "enable_qk_norm_rope_fusion", "fuse_rope_kvcache_cat_mla", "fuse_act_padding",
+                 "fuse_mla_dual_rms_norm", "fuse_rope_kvcache", "fuse_qk_norm_rope_kvcache")
+
+
+def without_cuda_fusions(pass_config: object) -> list[str]:
+    """Turn vLLM's fusion passes off (Ascend has no kernels they fuse into); returns the ones that were on."""
+    were_on = [name for name in FUSION_PASSES if getattr(pass_config, name, False)]
+    for name in FUSION_PASSES:
+        if hasattr(pass_config, name):
+            setattr(pass_config, name, False)
+    return were_on
+
+
 def static_graph_wrapper(simulated: bool) -> str:
     return SIMULATED_WRAPPER if simulated else DEVICE_WRAPPER
 

@@ -206,3 +206,16 @@ NPU_CUDA_PATCHES = tuple(REGISTRY.register(Patch(
     name=f"worker.npu_cuda.{name}", target=f"torch.cuda:{name}", kind="class" if name[0].isupper() else "function",
     reason=f"torch.cuda.{name} is CUDA's; the GPU runners running on an NPU need torch.npu.{name}",
     contract=_NPU_CUDA_CONTRACT)) for name in NPU_CUDA_BRIDGED)
+NPU_MRV2_NO_UVA = REGISTRY.register(Patch(
+    name="worker.npu_mrv2_no_uva",
+    target="vllm.v1.worker.gpu.buffer_utils:is_uva_available",
+    reason="MRV2 stages per-step inputs in UVA buffers (pinned host memory seen by the device) when pinned memory is "
+           "available, and builds their device view with get_accelerator_view_from_cpu_tensor, which serves CUDA and "
+           "XPU only: on an NPU (torch_npu pins host memory) NPUModelRunnerV2 would raise at construction. Ascend has "
+           "no device view of host memory here, so MRV2 takes its explicit-copy buffers (NonUvaBuffer: pinned host "
+           "copy, then a device copy). Applied for the NPU worker's process (its pools pick their buffer class when "
+           "built and when they grow); undone at the worker's shutdown.",
+    contract="vllm.v1.worker.gpu.buffer_utils calls its module global is_uva_available() when UvaBuffer, "
+             "UvaBufferPool and StagedWriteTensor are built, and uses NonUvaBuffer (explicit copies) when it is "
+             "false.",
+))

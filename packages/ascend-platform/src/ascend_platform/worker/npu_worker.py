@@ -34,18 +34,14 @@ class NPUWorker(AscendWorkerMixin, Worker):
         from vllm.utils.mem_utils import MemorySnapshot
         from vllm.v1.worker.utils import request_memory
 
-        from ascend_platform import device_seam
         from ascend_platform.platform import NPUPlatform
         from ascend_platform.worker.npu_cuda_bridge import bridge_cuda_streams_to_npu
+        from ascend_platform.worker.npu_mrv2_buffers import stage_mrv2_inputs_by_copy
 
-        self._process_patches = bridge_cuda_streams_to_npu()
-        NPUPlatform.set_device(torch.device("npu", self.local_rank))
-        self.device = device_seam.worker_device(self.local_rank)
+        self._process_patches = [*bridge_cuda_streams_to_npu(), stage_mrv2_inputs_by_copy()]
+        self.device = torch.device(NPUPlatform.device_type, self.local_rank)
+        NPUPlatform.set_device(self.device)
         usage.note("worker_device", str(self.device))
-        if self.device.type != NPUPlatform.device_type:
-            # The NPU is backed by another device (device_seam): the model loader places weights on
-            # device_config.device, which must say where this worker's tensors live.
-            self.device_config.device = self.device
         NPUPlatform.check_if_supports_dtype(self.model_config.dtype)
         # The distributed groups first: their buffers belong to what the snapshot sees as already used.
         init_worker_distributed_environment(self.vllm_config, self.rank, self.distributed_init_method,

@@ -1,18 +1,20 @@
-"""The emulated NPU runtime (dev-only): what the device lane calls on `torch.npu` / `torch.accelerator`, on the CPU.
+"""The emulated NPU runtime (dev-only): an `npu` torch device with host memory behind it, and what the device lane
+calls on `torch.npu` / `torch.accelerator`.
 
 `ASCEND_TESTKIT_NPU_RUNTIME=emulated` in an engine process's environment (with `ASCEND_VLLM_SIMULATE` unset) makes
 `install_if_requested()` (called by the testkit's vLLM general plugin and by an engine host's `--setup`) put in
-place: the testkit's schema-faithful torch_npu, `ASCEND_TESTKIT_NPU_COUNT` cards (default 8) of
-`ASCEND_TESTKIT_NPU_MEMORY` bytes each (default 1 GiB; '512MiB' works), streams and events, the `hccl` distributed
-backend over gloo, and the device seam answering the CPU for the tensors of `npu`. Then vLLM resolves our `ascend`
-platform to the device lane (`AscendNPUPlatform`, `NPUWorker`), because torch_npu imports and sees a device.
+place: the testkit's schema-faithful torch_npu; `ASCEND_TESTKIT_NPU_COUNT` cards (default 8) of
+`ASCEND_TESTKIT_NPU_MEMORY` bytes each (default 1 GiB; '512MiB' works) as PrivateUse1 named `npu`
+(`csrc/npu_device.cpp`: allocator, device guard, hooks, pinned host memory, kernels = the CPU's through a boxed
+fallback); streams and events; ACL graphs (`graphs`: capture records the dispatched ops, replay re-runs them on the
+captured tensors); the `hccl` distributed backend over gloo; Triton's interpreter in triton-ascend's place. Then vLLM
+resolves our `ascend` platform to the device lane (`AscendNPUPlatform`, `NPUWorker`), because torch_npu imports and
+sees a device, and the device lane runs on `npu:<rank>` tensors as on a card.
 
-What it cannot cover (needs a card): NPU kernels and CANN itself, the `npu` tensor device (tensors live on the CPU,
-so host/device copies are CPU copies and pinned memory is off), a caching allocator (memory is measured from live
-tensors; transient peaks between measurements are not seen), asynchronous streams, ACL graphs (no `NPUGraph`
-here), HCCL's own collectives (gloo runs them), triton-ascend (vLLM's Triton kernels have no backend here; Triton's
-interpreter, the simulated lane's answer, cannot run vLLM's top-k/top-p sampler kernel without that lane's
-overrides).
+What it cannot cover (needs a card): CANN and the NPU kernels themselves (the kernels are the CPU's and the
+reference / schema-faithful torch_npu ops), asynchronous streams (work is synchronous, so a missing wait cannot
+show), a caching allocator's fragmentation, graph pools shared between graphs, HCCL's own collectives (gloo runs
+them), triton-ascend's compiler.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from ascend_testkit.npu_runtime.device_module import (
     register_npu_device,
     runtime_functions,
 )
+from ascend_testkit.npu_runtime.memory import capacity_from_env
 
 RUNTIME_ENV = "ASCEND_TESTKIT_NPU_RUNTIME"
 EMULATED = "emulated"
@@ -42,7 +45,7 @@ class _Installed:
     cards: EmulatedCards
     saved_accelerator: dict[str, Any] = field(default_factory=dict)
     saved_event: Any = None
-    dynamo_disabled: bool = False
+    triton: str = ""
 
 
 _STATE: dict[str, _Installed] = {}
@@ -67,12 +70,13 @@ def install() -> EmulatedCards:
     if "current" in _STATE:
         return _STATE["current"].cards
     from ascend_platform import device_seam
-    from ascend_testkit.npu_runtime import hccl
+    from ascend_testkit.npu_runtime import extension, hccl, triton
     from ascend_testkit.torch_npu import card
     from ascend_testkit.torch_npu_plugin import install_fake_torch_npu
 
+    extension.load()
     module = install_fake_torch_npu()
-    cards = EmulatedCards(card_count(), card.SOC_NAME)
+    cards = EmulatedCards(card_count(), capacity_from_env(), card.SOC_NAME)
     for name, function in runtime_functions(cards).items():
         setattr(module.npu, name, function)
     register_npu_device(module.npu)
@@ -80,11 +84,9 @@ def install() -> EmulatedCards:
     for name, function in accelerator_functions(cards).items():
         setattr(torch.accelerator, name, function)
     torch.Event = module.npu.Event
-    # No compiler targets the emulated card: functions vLLM wraps in torch.compile (the sampler's logprob gather,
-    # ...) run eagerly, as they would under TORCHDYNAMO_DISABLE (on a card torch_npu's backend compiles them).
-    state.dynamo_disabled = torch._dynamo.config.disable
-    torch._dynamo.config.disable = True
     hccl.register()
+    state.triton = triton.install()
+    # The card's kernels are the host's and it has no Triton device: vLLM's Triton kernels run the host's way.
     device_seam.back_npu_with(torch.device("cpu"))
     _STATE["current"] = state
     return cards
@@ -97,13 +99,22 @@ def cards() -> EmulatedCards:
     return state.cards
 
 
+def card_report(device: Any = None) -> dict[str, Any]:
+    """This process's card as a test reads it: memory (bytes) and what the graphs and streams were asked to do."""
+    from ascend_testkit.npu_runtime import graphs, streams
+
+    memory = cards().memory(device)
+    return {"allocated": memory.allocated(), "peak": memory.peak(), "capacity": memory.capacity,
+            "graphs": dict(graphs.COUNTS), "streams": dict(streams.COUNTS)}
+
+
 def installed() -> bool:
     return "current" in _STATE
 
 
 def uninstall() -> None:
-    """Restore torch.accelerator, torch.Event and the device seam (PrivateUse1 keeps the name `npu`: torch cannot
-    rename it twice)."""
+    """Restore torch.accelerator, torch.Event and the device seam (PrivateUse1 keeps the name `npu` and its C++
+    device: torch can neither rename it twice nor unload a library)."""
     from ascend_platform import device_seam
 
     state = _STATE.pop("current", None)
@@ -113,9 +124,8 @@ def uninstall() -> None:
         if function is not None:
             setattr(torch.accelerator, name, function)
     torch.Event = state.saved_event
-    torch._dynamo.config.disable = state.dynamo_disabled
     device_seam.back_npu_with(None)
 
 
-__all__ = ["EMULATED", "RUNTIME_ENV", "cards", "install", "install_if_requested", "installed", "requested",
-           "uninstall"]
+__all__ = ["EMULATED", "RUNTIME_ENV", "card_report", "cards", "install", "install_if_requested", "installed",
+           "requested", "uninstall"]

@@ -1,17 +1,16 @@
-"""The emulated card's memory: a capacity from the environment, usage measured from the tensors alive on it.
+"""The emulated card's memory: a capacity from the environment, usage from the card's own allocator.
 
-The emulated device backs `npu` with CPU storage, so there is no device allocator to ask. What torch's caching
-allocator would report as allocated is measured instead: the bytes of every distinct live tensor storage created
-after the runtime was installed (a `gc` walk, done only when vLLM or a test asks: a few times per engine start). A
-peak is the highest value seen by a measurement, so transient activation peaks between measurements are not seen.
+Every `npu` tensor's storage comes from the C++ allocator of `csrc/npu_device.cpp` (host pages counted against the
+card's capacity; past it an allocation raises torch's OutOfMemoryError, as on a card), so what torch_npu's caching
+allocator reports as allocated is exact here, transient peaks included. There is no cache: reserved equals
+allocated and `empty_cache()` frees nothing more. Host tensors (`.cpu()`, `.to("cpu")`, pinned staging buffers) are
+never counted: host and device memory are told apart by the device a tensor is on, as on a card.
 """
 
 from __future__ import annotations
 
-import gc
 import os
 import re
-import threading
 
 import torch
 
@@ -31,57 +30,41 @@ def parse_capacity(text: str) -> int:
     return value
 
 
-def _live_storages() -> dict[int, int]:
-    storages: dict[int, int] = {}
-    for obj in gc.get_objects():
-        # type(), not isinstance: some gc-tracked objects warn when their __class__ is read
-        if issubclass(type(obj), torch.Tensor) and not obj.is_meta and obj.layout == torch.strided:
-            try:
-                storage = obj.untyped_storage()
-            except (RuntimeError, NotImplementedError):  # tensor subclasses without storage (FakeTensor, ...)
-                continue
-            if storage.device.type == "cpu" and storage.nbytes():
-                storages[storage.data_ptr()] = storage.nbytes()
-    return storages
+def capacity_from_env() -> int:
+    text = os.environ.get(MEMORY_ENV, "").strip()
+    return parse_capacity(text) if text else DEFAULT_CAPACITY
 
 
 class EmulatedMemory:
-    """One card's memory. `allocated()` walks the live tensors; `reset_peak()` starts a new peak window."""
+    """The memory of one card, read from the device's allocator."""
 
-    def __init__(self, capacity: int) -> None:
-        self.capacity = capacity
-        self._baseline = set(_live_storages())  # what the process held before it had a card is host memory
-        self._peak = 0
-        self._lock = threading.Lock()
+    def __init__(self, index: int) -> None:
+        self.index = index
 
-    @classmethod
-    def from_env(cls) -> EmulatedMemory:
-        text = os.environ.get(MEMORY_ENV, "").strip()
-        return cls(parse_capacity(text) if text else DEFAULT_CAPACITY)
+    def _stats(self) -> list[int]:
+        return torch.ops.npu_emu.memory_stats(self.index)  # [allocated, peak, capacity, allocations, frees]
+
+    @property
+    def capacity(self) -> int:
+        return self._stats()[2]
 
     def allocated(self) -> int:
-        with self._lock:
-            used = sum(n for ptr, n in _live_storages().items() if ptr not in self._baseline)
-            self._peak = max(self._peak, used)
-            return used
+        return self._stats()[0]
 
     def peak(self) -> int:
-        self.allocated()
-        return self._peak
+        return self._stats()[1]
 
     def reset_peak(self) -> None:
-        self._peak = 0
-        self.allocated()
+        torch.ops.npu_emu.reset_peak(self.index)
 
     def mem_get_info(self) -> tuple[int, int]:
-        """(free, total) as `aclrtGetMemInfo` gives them; more allocated than the capacity is an emulated OOM."""
-        used = self.allocated()
-        if used > self.capacity:
-            raise torch.OutOfMemoryError(f"emulated NPU out of memory: {used} bytes live on a {self.capacity}-byte "
-                                         f"card ({MEMORY_ENV})")
-        return self.capacity - used, self.capacity
+        """(free, total) as `aclrtGetMemInfo` gives them."""
+        allocated, _, capacity, _, _ = self._stats()
+        return capacity - allocated, capacity
 
     def stats(self) -> dict[str, int]:
-        used = self.allocated()
-        return {"allocated_bytes.all.current": used, "allocated_bytes.all.peak": self._peak,
-                "reserved_bytes.all.current": used, "reserved_bytes.all.peak": self._peak}
+        allocated, peak, _, allocations, frees = self._stats()
+        return {"allocated_bytes.all.current": allocated, "allocated_bytes.all.peak": peak,
+                "reserved_bytes.all.current": allocated, "reserved_bytes.all.peak": peak,
+                "active_bytes.all.current": allocated, "active_bytes.all.peak": peak,
+                "allocation.all.allocated": allocations, "allocation.all.freed": frees, "num_ooms": 0}

@@ -11,6 +11,8 @@ from typing import Any
 
 import torch
 
+from ascend_testkit.npu_runtime import graphs
+
 COUNTS: collections.Counter[str] = collections.Counter()
 
 
@@ -31,6 +33,7 @@ class Stream:
         return event
 
     def synchronize(self) -> None:
+        graphs.refuse_while_capturing("Stream.synchronize")
         COUNTS["stream.synchronize"] += 1
 
     def query(self) -> bool:
@@ -58,6 +61,7 @@ class Event:
         self.recorded_at = time.perf_counter()
 
     def synchronize(self) -> None:
+        graphs.refuse_while_capturing("Event.synchronize")
         COUNTS["event.synchronize"] += 1
 
     def wait(self, stream: Stream | None = None) -> None:
@@ -98,4 +102,5 @@ def stream(s: Stream | None):
 
 
 def synchronize(device: Any = None) -> None:
+    graphs.refuse_while_capturing("torch.npu.synchronize")
     COUNTS["synchronize"] += 1
