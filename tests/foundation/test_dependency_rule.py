@@ -1,4 +1,4 @@
-"""The dependency rule of ARCHITECTURE.md, checked with import-linter on our real tree and on a planted violation."""
+"""The dependency rule of docs/ARCHITECTURE.md, checked with import-linter on our tree and on planted violations."""
 
 from __future__ import annotations
 
