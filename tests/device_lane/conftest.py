@@ -1,9 +1,17 @@
 """The device lane's engines: `AscendNPUPlatform` and `NPUWorker` inside real vLLM engines on the testkit's emulated
-NPU runtime (`ASCEND_TESTKIT_NPU_RUNTIME=emulated`, `ASCEND_VLLM_SIMULATE` unset, `ASCEND_TESTKIT_NPU_MEMORY` cards).
+NPU runtime (`ascend_testkit.npu_runtime.process_env()`: `ASCEND_TESTKIT_NPU_RUNTIME=emulated` and its start-up hook,
+`ASCEND_VLLM_SIMULATE` unset, cards of `CAPACITY` bytes), and the simulated lane's on the same models and prompts.
 
-`device_starts[utilization]`: one engine per gpu_memory_utilization, all started side by side in their own processes
-(module-scoped: ~30 s for the lot on two cores), each reporting what it resolved to, its KV sizing from vLLM's log,
-and how far it got.
+`lane_runs` starts four processes side by side (session-scoped: ~2-3 min for the lot on two cores), each running its
+engines one after another (`device_engines.py`) and reporting, per engine, what it resolved to, its card's memory and
+graph counters, its KV sizing (from vLLM's log) and what it generated:
+* device: V1 at two memory utilizations (KV sizing), MRV2 with ACL graphs (compiled pieces) then asleep at levels 1
+  and 2;
+* device TP=2: MRV2 with ACL graphs over two emulated cards and the emulated HCCL group, then DeepSeek-V2 MLA on
+  MRV2 with ACL graphs;
+* simulated: the same V1, MRV2 and MLA engines;
+* `ascend-vllm serve` on the device lane (`lane_runs.serve`; its engine core in the server process, as the serving
+  suites run theirs), answering while the others run.
 """
 
 from __future__ import annotations
@@ -11,6 +19,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -19,64 +28,173 @@ import pytest
 
 CAPACITY = 512 << 20
 UTILIZATIONS = (0.25, 0.5)
-START_TIMEOUT_S = 300
+RUN_TIMEOUT_S = 600
+PROMPTS = [[5, 15], [127, 381], [129, 387]]  # token lengths before, on and after the 128-token block edge
+MLA_PROMPTS = [[5, 15], [17, 51], [33, 99]]  # around the MLA engine's 16-token blocks
+MAX_TOKENS = 8
+CAPTURE_SIZES = [1, 2, 4]
 _KV_MEMORY = re.compile(r"Available KV cache memory: ([\d.]+) GiB")
 _KV_TOKENS = re.compile(r"NPU KV cache size: ([\d,]+) tokens")
 
+LLAMA = dict(dtype="bfloat16", max_model_len=256, max_num_seqs=4, block_size=128, max_num_batched_tokens=64, seed=0)
+# torch.compile'd pieces and ACL graphs for decode batches of 1, 2 and 4 requests. The reference kernels: the npu
+# kernel backend cannot be traced by torch.compile yet (ascend_kernels.npu_backend imports torch_npu inside each op).
+GRAPHS = dict(enforce_eager=False, additional_config={"graph_capture_sizes": CAPTURE_SIZES,
+                                                       "kernel_backend": "reference"})
+MLA = dict(dtype="float32", max_model_len=256, max_num_seqs=4, block_size=16, max_num_batched_tokens=32,
+           enable_chunked_prefill=True, gpu_memory_utilization=0.5, seed=0)
+
+
+def _engine(name: str, model: Path, runner: str, engine: dict, prompts=PROMPTS, **more) -> dict:
+    return {"name": name, "model": str(model), "runner": runner, "engine": engine, "prompts": prompts,
+            "max_tokens": MAX_TOKENS, **more}
+
+
+def plans(llama: Path, mla: Path) -> dict[str, list[dict]]:
+    """The engines each process runs, in order (the KV-sizing engines first, on an empty card)."""
+    eager = LLAMA | {"enforce_eager": True}
+    graphs = LLAMA | GRAPHS | {"gpu_memory_utilization": 0.5}
+    return {
+        "device": [_engine("v1_low", llama, "v1", eager | {"gpu_memory_utilization": UTILIZATIONS[0]}),
+                   _engine("v1", llama, "v1", eager | {"gpu_memory_utilization": UTILIZATIONS[1]}),
+                   _engine("v2_graphs", llama, "v2", graphs | {"enable_sleep_mode": True}, sleep_levels=[1, 2])],
+        "device_tp2": [_engine("tp2", llama, "v2", graphs | {"tensor_parallel_size": 2}),
+                       _engine("mla", mla, "v2", MLA | GRAPHS, prompts=MLA_PROMPTS)],
+        # The same engines in the simulated lane (its graph policy records eager "graphs"; the tokens are the point).
+        "simulated": [_engine("v1", llama, "v1", eager | {"gpu_memory_utilization": UTILIZATIONS[1]}),
+                      _engine("v2_graphs", llama, "v2", graphs),
+                      _engine("mla", mla, "v2", MLA | GRAPHS, prompts=MLA_PROMPTS)],
+    }
+
 
 def device_env(cache_root: Path) -> dict[str, str]:
+    from ascend_testkit import npu_runtime
     from ascend_testkit.engine.env import vllm_cache_root
     from ascend_testkit.reach.collect import reach_env
 
-    # The shared model-info cache spares vLLM's inspection subprocess, which would load the general plugins after
-    # resolving its platform without torch_npu (the plugin then refuses the stale answer).
-    root = vllm_cache_root(cache_root / "vllm-device-lane")
-    env = dict(os.environ)
-    env.pop("ASCEND_VLLM_SIMULATE", None)
+    # The shared model-info cache spares vLLM's inspection subprocess (10-30 s per model class here).
+    env = npu_runtime.process_env()
     env.pop("ASCEND_TESTKIT_TORCH_NPU", None)
-    env.update({"ASCEND_TESTKIT_NPU_RUNTIME": "emulated", "ASCEND_TESTKIT_NPU_MEMORY": str(CAPACITY),
-                "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_USE_V2_MODEL_RUNNER": "0", "HF_HUB_OFFLINE": "1",
-                "TOKENIZERS_PARALLELISM": "false", "VLLM_CACHE_ROOT": str(root)})
+    env.update({"ASCEND_TESTKIT_NPU_MEMORY": str(CAPACITY), "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+                "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
+                "VLLM_CACHE_ROOT": str(vllm_cache_root(cache_root / "vllm-device-lane"))})
     env.update(reach_env())  # tests/reach counts what these engines ran (the device-lane modules)
     return env
+
+
+def simulated_env(cache_root: Path) -> dict[str, str]:
+    """The same engines in the simulated lane: what the device lane is compared with."""
+    env = device_env(cache_root)
+    for key in ("ASCEND_TESTKIT_NPU_RUNTIME", "ASCEND_TESTKIT_NPU_MEMORY", "PYTHONPATH"):
+        env.pop(key, None)
+    if os.environ.get("PYTHONPATH"):
+        env["PYTHONPATH"] = os.environ["PYTHONPATH"]
+    env.update(ASCEND_VLLM_SIMULATE="1", VLLM_CPU_KVCACHE_SPACE="1")
+    return env
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def parse_run(name: str, out: str, err: str, returncode: int) -> dict[str, dict]:
+    """{engine name: facts} of one process; each engine's KV sizing read from vLLM's log between its markers."""
+    engines: dict[str, dict] = {}
+    segments = re.split(r"^ENGINE (\S+)$", out, flags=re.MULTILINE)
+    for engine, segment in zip(segments[1::2], segments[2::2], strict=True):
+        lines = [line for line in segment.splitlines() if line.startswith(f"FACTS {engine} ")]
+        if not lines:
+            pytest.fail(f"{name}: engine {engine} printed no facts; rc {returncode}; stderr tail: {err[-3000:]}")
+        facts = json.loads(lines[-1].removeprefix(f"FACTS {engine} "))
+        memory, tokens = _KV_MEMORY.findall(segment), _KV_TOKENS.findall(segment)
+        facts["kv_memory_gib"] = float(memory[-1]) if memory else None
+        facts["kv_tokens"] = int(tokens[-1].replace(",", "")) if tokens else None
+        facts["log_tail"] = (segment + err)[-3000:]
+        engines[engine] = facts
+    return engines
+
+
+class LaneRuns:
+    """`device[name]` / `simulated[name]`: an engine's facts (engine names are unique per lane); `serve`: the
+    server's answers."""
+
+    def __init__(self, runs: dict[str, dict[str, dict]], serve: dict) -> None:
+        self.device = runs["device"] | runs["device_tp2"]
+        self.simulated = runs["simulated"]
+        self.serve = serve
+
+
+def _serve(model: Path, cache_root: Path, log_dir: Path):
+    from ascend_testkit.servers import start_serve, tiny_serve_args
+
+    args = tiny_serve_args(max_model_len=256, max_num_seqs=4)
+    args[args.index("--dtype") + 1] = "bfloat16"  # torch_npu's attention takes float16 / bfloat16
+    env = device_env(cache_root) | {"VLLM_SERVER_DEV_MODE": "1"}  # its /collective_rpc tells what served
+    return start_serve("device-serve", model, _free_port(), log_dir=log_dir, cpu=None, simulate=False,
+                       env_extra=env, args=args)
+
+
+def _ask(server) -> dict:
+    import urllib.request
+
+    from ascend_testkit.models.tiny_llama import prompt_of_length
+
+    def post(path: str, body: dict) -> dict:
+        request = urllib.request.Request(server.url + path, data=json.dumps(body).encode(), method="POST",
+                                         headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=120) as response:
+            return json.loads(response.read())
+
+    completion = post("/v1/completions", {"model": "tiny", "prompt": prompt_of_length(40, offset=1),
+                                          "max_tokens": 16, "temperature": 0, "ignore_eos": True})
+    usage = post("/collective_rpc", {"method": "ascend_usage"})
+    return {"completion": completion, "usage": usage}
+
+
+@pytest.fixture(scope="session")
+def lane_runs(tiny_model, cache_root, tmp_path_factory) -> LaneRuns:
+    import time
+
+    from ascend_testkit.models.deepseek import cached_tiny_deepseek
+
+    mla = cached_tiny_deepseek(cache_dir=cache_root / "models")
+    logs = tmp_path_factory.mktemp("device-lane")
+    script = Path(__file__).with_name("device_engines.py")
+    env = {"device": device_env(cache_root), "device_tp2": device_env(cache_root),
+           "simulated": simulated_env(cache_root)}
+    procs = {}
+    for name, plan in plans(tiny_model, mla).items():  # output to files: a full pipe would stall an engine
+        with open(logs / f"{name}.out", "w") as out, open(logs / f"{name}.err", "w") as err:
+            procs[name] = subprocess.Popen([sys.executable, str(script), json.dumps(plan)], env=env[name], text=True,
+                                           stdout=out, stderr=err)
+    deadline = time.monotonic() + RUN_TIMEOUT_S
+    server = _serve(tiny_model, cache_root, logs)
+    try:
+        try:
+            server.wait_healthy(timeout=RUN_TIMEOUT_S)
+            serve = _ask(server)
+        except Exception as exc:  # the serving test reports it; the engine runs go on
+            serve = {"error": f"{type(exc).__name__}: {exc}"[:3000]}
+        finally:
+            server.close()
+        runs = {}
+        for name, proc in procs.items():
+            try:
+                proc.wait(timeout=max(1.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pytest.fail(f"{name} did not finish within {RUN_TIMEOUT_S} s; logs in {logs}")
+            runs[name] = parse_run(name, (logs / f"{name}.out").read_text(), (logs / f"{name}.err").read_text(),
+                                   proc.returncode)
+    finally:
+        for proc in procs.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(timeout=30)
+    return LaneRuns(runs, serve)
 
 
 @pytest.fixture(scope="session")
 def device_capacity() -> int:
     return CAPACITY
-
-
-def simulated_env(cache_root: Path) -> dict[str, str]:
-    """The same engine in the simulated lane: what the device lane is compared with."""
-    env = device_env(cache_root)
-    env.pop("ASCEND_TESTKIT_NPU_RUNTIME")
-    env.pop("ASCEND_TESTKIT_NPU_MEMORY")
-    env["ASCEND_VLLM_SIMULATE"] = "1"
-    return env
-
-
-@pytest.fixture(scope="module")
-def device_starts(tiny_model, cache_root) -> dict[float | str, dict]:
-    """Facts per utilization of the device-lane engines, and under "simulated" the simulated lane's engine."""
-    script = Path(__file__).with_name("start_engine.py")
-    env = device_env(cache_root)
-    procs = {u: subprocess.Popen([sys.executable, str(script), str(tiny_model), str(u)], env=env, text=True,
-                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE) for u in UTILIZATIONS}
-    procs["simulated"] = subprocess.Popen([sys.executable, str(script), str(tiny_model), "0.5"],
-                                          env=simulated_env(cache_root), text=True, stdout=subprocess.PIPE,
-                                          stderr=subprocess.PIPE)
-    starts = {}
-    for utilization, proc in procs.items():
-        out, err = proc.communicate(timeout=START_TIMEOUT_S)
-        lines = [line for line in out.splitlines() if line.startswith("FACTS ")]
-        if not lines:
-            pytest.fail(f"the device-lane engine (utilization {utilization}) printed no facts; rc {proc.returncode}; "
-                        f"stderr tail: {err[-3000:]}")
-        facts = json.loads(lines[-1].removeprefix("FACTS "))
-        log = out + err  # vLLM logs to stdout
-        memory, tokens = _KV_MEMORY.findall(log), _KV_TOKENS.findall(log)
-        facts["kv_memory_gib"] = float(memory[-1]) if memory else None
-        facts["kv_tokens"] = int(tokens[-1].replace(",", "")) if tokens else None
-        facts["log_tail"] = log[-3000:]
-        starts[utilization] = facts
-    return starts

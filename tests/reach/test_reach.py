@@ -35,9 +35,6 @@ CLASSES_NOT_REACHED: dict[str, str] = {
         "engine here runs on one bound core (no helpers): only ascend-kernels' suite and benchmarks/kernels.py run it",
     "ascend_kv_transfer.p2p.layer_written:_DeviceEvent": "a layer's KV-written event on a device stream; the lanes "
         "here (CPU, emulated NPU) have no asynchronous streams and take the host variant: needs a card",
-    "ascend_platform.graph.backends:AclGraphBackend": "ACL graph capture: the emulated NPU runtime does not emulate "
-        "NPUGraph (a replay that does not recompute would serve stale outputs): issue #31",
-    "ascend_platform.graph.wrapper:AclGraphWrapper": "ACL graph replay: as AclGraphBackend, issue #31",
     "ascend_platform.simulated.triton_interpreter:InterpreterCompiler": "the placeholder Triton 'cpu' backend's "
         "compiler: registered so vLLM sees Triton, never asked to compile (the interpreter runs every kernel)",
     "ascend_platform.simulated.triton_interpreter:InterpreterDriver": "the same backend's driver: never active, so "

@@ -370,6 +370,19 @@ class AscendNPUPlatform(AscendPlatformBase):
         return "reference" if ascend.kernel_backend == "reference" else "npu"
 
     @classmethod
+    def _update_device_config(cls, vllm_config: VllmConfig) -> None:
+        """torch_npu's attention and cache kernels take float16 / bfloat16 activations: a float32 model on the npu
+        kernels stops here, not at its first request (`_npu_reshape_and_cache` refused it there, found by the
+        emulated NPU runtime)."""
+        model = vllm_config.model_config
+        if model is None or model.dtype in (torch.float16, torch.bfloat16):
+            return
+        if cls.kernel_backend(ascend_config_of(vllm_config)) == "npu":
+            raise ValueError(f"dtype {model.dtype} does not run on the NPU kernels (torch_npu's attention takes "
+                             "float16 or bfloat16): use dtype='bfloat16' or 'float16', or additional_config "
+                             "kernel_backend='reference'")
+
+    @classmethod
     def import_kernels(cls) -> None:
         # The kernel facade imports torch_npu (registering the npu device) and says why when it cannot.
         from ascend_kernels.npu_probe import torch_npu_status
@@ -412,6 +425,20 @@ class AscendNPUPlatform(AscendPlatformBase):
 
         Platform.import_kernels()  # vLLM's own: the host build's C++ kernels those fallbacks call (a card has none)
         register_for_lane()
+
+    @classmethod
+    def update_block_size_for_backend(cls, vllm_config: VllmConfig) -> None:
+        """vLLM re-picks a block size the user left unset from the attention backends' preferences once the model is
+        built (16 here); the Ascend policy decided it already (`_decide_block_size`: 128, torch_npu's paged attention
+        takes multiples of 128 for prefills; found by the emulated NPU runtime, where the first prefill then failed).
+        The backends still check it, and hybrid models still align it, as for a user's block size."""
+        cache = vllm_config.cache_config
+        user_set = cache.user_specified_block_size
+        cache.user_specified_block_size = True
+        try:
+            super().update_block_size_for_backend(vllm_config)
+        finally:
+            cache.user_specified_block_size = user_set
 
     @classmethod
     def opaque_attention_op(cls) -> bool:

@@ -9,6 +9,10 @@ builds this subclass instead (scoped patch `mrv2.cudagraph_manager`), which
   rank-local token count the runner hands it and the batch's uniformity from the global batch;
 * where no torch.compile'd piece exists (the simulated lane) wraps the whole model in the platform's static-graph
   wrapper for PIECEWISE steps, so their capture and replay go through the same wrapper vLLM's compiled pieces use.
+  On a device that would put attention, whose lengths the kernels take on the host, inside one graph: PIECEWISE
+  graphs there come only from the compiled model's pieces (vLLM refuses the capture otherwise);
+* captures FULL graphs into the platform's global graph pool (`self.pool`, as vLLM's manager), honouring vLLM's
+  memory-profiling hooks (`_max_full_descs_to_capture`, `_capture_mem_samples`).
 Every decision is recorded (`ascend_platform.graph.trace`).
 """
 
@@ -17,6 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import torch
 import torch.nn as nn
 from vllm.config import CUDAGraphMode
 from vllm.logger import init_logger
@@ -83,7 +88,8 @@ class AscendGraphManager(ModelCudaGraphManager, _PlannedCapture):
     def capture(self, model: nn.Module, *args: Any, **kwargs: Any) -> None:
         """vLLM's `ModelCudaGraphManager.capture` (it stages each descriptor's inputs and builds the forward); with no
         compiled piece the whole model is one PIECEWISE piece in the platform's static-graph wrapper."""
-        if self.cudagraph_mode.has_piecewise_cudagraphs() and not has_compiled_submodule(model):
+        if self.cudagraph_mode.has_piecewise_cudagraphs() and not has_compiled_submodule(model) and \
+                simulate_requested():
             self.use_breakable_cg = True  # vLLM's name for "piecewise graphs without torch.compile"
         super().capture(model, *args, **kwargs)
 
@@ -102,25 +108,36 @@ class AscendGraphManager(ModelCudaGraphManager, _PlannedCapture):
 
     def _graph_backend(self) -> GraphBackend:
         if self.backend is None:
-            self.backend = default_backend(simulated=simulate_requested())
+            self.backend = default_backend(simulated=simulate_requested(), pool=self.pool)
         return self.backend
 
     def capture_graphs(self, create_forward_fn: Callable[..., Callable[[CUDAGraphMode], None]]) -> None:
         """Capture every planned descriptor: PIECEWISE first (larger activations), then FULL, largest first."""
         backend = self._graph_backend()
         for mode in (CUDAGraphMode.PIECEWISE, CUDAGraphMode.FULL):
-            for desc in self._capture_descs.get(mode, []):
+            descs = self._capture_descs.get(mode, [])
+            if mode == CUDAGraphMode.FULL and self._max_full_descs_to_capture is not None:
+                descs = descs[:self._max_full_descs_to_capture]  # vLLM's memory profiling samples the largest
+            for desc in descs:
                 forward_fn = create_forward_fn(desc, warmup=True)
                 forward_fn(CUDAGraphMode.NONE)  # warm-up, outside any graph
                 if mode == CUDAGraphMode.PIECEWISE:
                     forward_fn(CUDAGraphMode.PIECEWISE)  # the wrapper captures it under the step's descriptor
                     continue
                 forward_fn = create_forward_fn(desc, warmup=False)  # fresh attention state for the capture
+                free_before = self._free_memory() if self._capture_mem_samples is not None else 0
                 self.graphs[desc] = backend.capture(lambda fn=forward_fn: fn(CUDAGraphMode.NONE))
+                if self._capture_mem_samples is not None:
+                    self._capture_mem_samples.append(free_before - self._free_memory())
                 trace.captured(mode, desc.num_tokens)
         self._graphs_captured = True
         logger.info("captured %d FULL graphs and %d PIECEWISE sizes (%s backend)", len(self.graphs),
                     len(self._capture_descs.get(CUDAGraphMode.PIECEWISE, [])), backend.name)
+
+    @staticmethod
+    def _free_memory() -> int:
+        torch.accelerator.synchronize()
+        return torch.accelerator.get_memory_info()[0]
 
     def run_fullgraph(self, desc: BatchExecutionDescriptor) -> Any:
         trace.replayed(desc.cg_mode, desc.num_tokens)

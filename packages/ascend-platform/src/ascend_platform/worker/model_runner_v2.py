@@ -77,6 +77,24 @@ class AscendRunnerV2Mixin:
         kv_binding.count_ascend_layers_on(self.ascend_kv, forward_context)
         return kv_caches
 
+    def release_graphs(self) -> bool:
+        """Sleep mode: drop the captured graphs (the graph manager's and the compiled pieces'). They recorded the
+        addresses of the weights and KV cache sleep frees; wake-up gives those new memory, so the graphs are captured
+        again then (`recapture_graphs`). Returns whether there were graphs."""
+        from ascend_platform.graph.wrapper import release_static_graphs
+
+        manager = self.cudagraph_manager
+        if manager is None or not getattr(manager, "_graphs_captured", False):
+            return False
+        manager.release_graphs()
+        usage.count("graphs.released", release_static_graphs() + len(manager.graphs))
+        return True
+
+    def recapture_graphs(self) -> None:
+        """Capture every planned graph again, on the memory wake-up gave the weights and the KV cache."""
+        self.capture_model()
+        usage.count("graphs.recaptured")
+
     def release_kv_cache(self) -> None:
         kv_binding.connector_release_kv()
         kv_binding.detach_layer_kv(self.compilation_config.static_forward_context)
@@ -114,6 +132,10 @@ class SimulatedModelRunnerV2(AscendRunnerV2Mixin, CPUModelRunnerV2):
                                         kv_cache_allocation_context=kv_cache_allocation_context)
         if not is_profiling:
             self.capture_graphs_eagerly()
+
+    def recapture_graphs(self) -> None:
+        self.capture_graphs_eagerly()
+        usage.count("graphs.recaptured")
 
     def capture_graphs_eagerly(self) -> None:
         """The simulated lane's graph capture (vLLM's capture_model needs a CUDA-like device): every planned graph,

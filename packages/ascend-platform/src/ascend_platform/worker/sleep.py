@@ -3,7 +3,13 @@
 Level 1 moves the weights to host memory and drops the KV cache; level 2 drops both (weights must be reloaded
 after waking). `wake_up(tags)` restores the weights from the host copies and allocates a fresh KV cache through
 our allocator. In the simulated lane the "device" is the CPU too, so the memory saved is nil, but the device
-tensors really are released and rebuilt, which is what the generation-unchanged check exercises.
+tensors really are released and rebuilt, which is what the generation-unchanged check exercises; on the device
+lane (a card, or the emulated NPU runtime) the card's memory is given back, asserted from its memory stats.
+
+Waking gives the weights and the KV cache new memory, at other addresses, so captured graphs (which read the
+addresses of capture time) are dropped when going to sleep and captured again once everything is awake (runners
+with `release_graphs` / `recapture_graphs`); replaying them would read freed memory on a card (the emulated NPU
+runtime refuses such a replay, which is how this was found).
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ class SleepController:
         self.shapes: dict[str, torch.Size] = {}
         self.sleeping: set[str] = set()
         self.level = 0
+        self.graphs_released = False
 
     def _tensors(self) -> dict[str, torch.Tensor]:
         model = self.runner.get_model()
@@ -50,6 +57,8 @@ class SleepController:
             tensor.data = torch.empty(0, dtype=tensor.dtype, device=tensor.device)
         kv_bytes = getattr(self.runner.ascend_kv, "nbytes", 0)
         self.runner.release_kv_cache()
+        release_graphs = getattr(self.runner, "release_graphs", None)
+        self.graphs_released = bool(release_graphs and release_graphs())
         self.sleeping = set(TAGS)
         self.level = level
         usage.count(f"sleep.level{level}")
@@ -76,6 +85,9 @@ class SleepController:
             usage.count("wake.kv_cache")
         if not self.sleeping:
             self.level = 0
+            if self.graphs_released:
+                self.runner.recapture_graphs()
+                self.graphs_released = False
 
     def state(self) -> dict[str, Any]:
         return {"sleeping": sorted(self.sleeping), "level": self.level,

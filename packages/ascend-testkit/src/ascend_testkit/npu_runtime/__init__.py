@@ -51,6 +51,20 @@ class _Installed:
 _STATE: dict[str, _Installed] = {}
 
 
+def process_env(base: dict[str, str] | None = None) -> dict[str, str]:
+    """`base` (default: this process's environment) with the emulated runtime in place in every process started
+    with it: the variable, and the start-up hook (`startup/sitecustomize.py`) first on PYTHONPATH."""
+    from pathlib import Path
+
+    env = dict(os.environ if base is None else base)
+    env.pop(_SIMULATE_ENV, None)
+    env[RUNTIME_ENV] = EMULATED
+    startup = str(Path(__file__).with_name("startup"))
+    paths = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p != startup]
+    env["PYTHONPATH"] = os.pathsep.join([startup, *paths])
+    return env
+
+
 def requested() -> bool:
     value = os.environ.get(RUNTIME_ENV, "").strip()
     if value not in ("", EMULATED):
@@ -128,4 +142,4 @@ def uninstall() -> None:
 
 
 __all__ = ["EMULATED", "RUNTIME_ENV", "card_report", "cards", "install", "install_if_requested", "installed",
-           "requested", "uninstall"]
+           "process_env", "requested", "uninstall"]

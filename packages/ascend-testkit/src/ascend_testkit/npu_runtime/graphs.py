@@ -11,7 +11,9 @@ does. Views need no replay (they alias captured memory); in-place and out= ops r
 
 So a replay computes on whatever the persistent input tensors hold now, and on the host values of capture time: a
 caller that refreshed a host-side length instead of a device tensor gets a stale answer here as on a card (re-running
-the captured Python instead would recompute the host values and hide that fault). What a card refuses during a
+the captured Python instead would recompute the host values and hide that fault). A tensor whose memory moved since
+the capture (a parameter given new storage, a buffer re-allocated) is refused at replay: a card's graph would read the
+captured address. What a card refuses during a
 capture is refused here: reading a device value on the host (`.item()`, `.tolist()`, `.cpu()`), ops whose output
 shape depends on device data (`nonzero`, boolean masks), synchronising.
 
@@ -57,6 +59,15 @@ class _Op:
     args: tuple
     kwargs: dict
     fresh: list[tuple[int, torch.Tensor]]  # (output position, captured tensor) of outputs the op allocated
+    addresses: list[tuple[torch.Tensor, int]]  # every tensor argument and its data pointer at capture
+
+
+def _addresses(args: tuple, kwargs: dict) -> list[tuple[torch.Tensor, int]]:
+    out = []
+    for value in list(args) + list(kwargs.values()):
+        values = value if isinstance(value, (tuple, list)) else (value,)
+        out.extend((v, v.data_ptr()) for v in values if isinstance(v, torch.Tensor) and v.device.type == "npu")
+    return out
 
 
 def _storages(values: Any) -> set[int]:
@@ -81,7 +92,10 @@ def _fresh_outputs(func: Any, args: tuple, kwargs: dict, out: Any) -> list[tuple
     fresh = [(i, value) for i, value in enumerate(outs)
              if isinstance(value, torch.Tensor) and value.untyped_storage().data_ptr() not in inputs]
     mutates = any(a.alias_info is not None and a.alias_info.is_write for a in func._schema.arguments)
-    if not fresh and not mutates:
+    # A custom op launched device work whatever its schema says (vLLM's all_reduce is declared out of place and
+    # the base device communicator reduces in place, returning its input): a card's graph recorded those kernels.
+    launched = func.namespace != "aten"
+    if not fresh and not mutates and not launched:
         return None
     return fresh
 
@@ -97,7 +111,7 @@ class _Recorder(TorchDispatchMode):
         out = func(*args, **kwargs)
         fresh = _fresh_outputs(func, args, kwargs, out)
         if fresh is not None:
-            self.graph._ops.append(_Op(func, args, kwargs, fresh))
+            self.graph._ops.append(_Op(func, args, kwargs, fresh, _addresses(args, kwargs)))
         self.graph._keep.append(out)  # the graph's pool: capture-time tensors stay where the graph reads them
         return out
 
@@ -157,10 +171,20 @@ class NPUGraph:
         if not self.captured:
             raise GraphCaptureError("NPUGraph.replay before a capture")
         for op in self._ops:
+            for tensor, address in op.addresses:
+                if tensor.data_ptr() != address:
+                    raise GraphCaptureError(
+                        f"NPUGraph.replay: {op.func} reads a {tuple(tensor.shape)} tensor that moved since the capture "
+                        f"({address:#x} -> {tensor.data_ptr():#x}); a card's graph reads the captured address, which "
+                        "no longer holds it (emulated ACL graph)")
             out = op.func(*op.args, **op.kwargs)
             if op.fresh:
                 flat = out if isinstance(out, (tuple, list)) else (out,)
                 for position, captured in op.fresh:
+                    if op.func.namespace == "_c10d_functional":
+                        # A functional collective's result lands asynchronously; on a card it lands in the captured
+                        # buffer itself, so wait for it before handing it there.
+                        torch.ops._c10d_functional.wait_tensor(flat[position])
                     captured.copy_(flat[position])
         COUNTS["replay"] += 1
 
