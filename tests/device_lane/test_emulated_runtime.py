@@ -101,7 +101,13 @@ for what in (lambda: x.sum().item(), lambda: x.cpu(), lambda: torch.nonzero(x), 
         refused.append(False)
     except graphs.GraphCaptureError:
         refused.append(True)
-print(json.dumps({"capturing": capturing, "replay_equals_eager": torch.equal(replayed, eager),
+x.data = torch.randn(4, 8, device="npu")  # new memory (as sleep mode gives weights): the graph read the old address
+try:
+    graph.replay()
+    moved = "replayed"
+except graphs.GraphCaptureError as exc:
+    moved = "refused" if "moved since the capture" in str(exc) else str(exc)
+print(json.dumps({"capturing": capturing, "moved": moved, "replay_equals_eager": torch.equal(replayed, eager),
                   "stale_scale_kept": torch.equal(stale[:, :4] * 3 / 2, out.cpu()[:, :4]) and
                                       not torch.equal(stale, out.cpu()),
                   "refused": refused, "counts": dict(graphs.COUNTS),
@@ -111,7 +117,8 @@ print(json.dumps({"capturing": capturing, "replay_equals_eager": torch.equal(rep
 
 def test_acl_graphs_replay_recorded_ops_on_captured_tensors():
     """A replay computes on the inputs' current contents and on the host values frozen at capture (a stale host value
-    gives a stale answer, as on a card); what a card refuses during a capture is refused."""
+    gives a stale answer, as on a card); what a card refuses during a capture is refused, and so is a replay over a
+    tensor that was given new memory since (a card's graph would read the old address)."""
     env = dict(os.environ, ASCEND_TESTKIT_NPU_RUNTIME="emulated", ASCEND_TESTKIT_NPU_MEMORY="256MiB")
     env.pop("ASCEND_VLLM_SIMULATE", None)
     done = subprocess.run([sys.executable, "-c", GRAPH_PROBE], env=env, capture_output=True, text=True, timeout=120)
@@ -121,4 +128,5 @@ def test_acl_graphs_replay_recorded_ops_on_captured_tensors():
     assert facts["replay_equals_eager"] is True
     assert facts["stale_scale_kept"] is True
     assert facts["refused"] == [True, True, True, True]
+    assert facts["moved"] == "refused"
     assert facts["counts"]["capture"] == 1 and facts["counts"]["replay"] == 2
