@@ -210,6 +210,7 @@ class AscendMLAImpl(MLAAttentionImpl[AscendMLAMetadata]):
     can_return_lse_for_decode: bool = False
     supports_pcp: bool = False
     supports_dcp: bool = False
+    backend_name: ClassVar[str] = "ASCEND_MLA"  # the name the start-up refusals give
 
     def __init__(self, num_heads: int, head_size: int, scale: float, num_kv_heads: int,
                  alibi_slopes: list[float] | None, sliding_window: int | None, kv_cache_dtype: str,
@@ -221,7 +222,8 @@ class AscendMLAImpl(MLAAttentionImpl[AscendMLAMetadata]):
                             attn_type=attn_type, kv_sharing_target_layer_name=kv_sharing_target_layer_name,
                             kv_cache_dtype=kv_cache_dtype, dcp_world_size=self.dcp_world_size,
                             pcp_world_size=self.pcp_world_size, head_size=head_size,
-                            kv_lora_rank=mla_args["kv_lora_rank"], qk_rope_head_dim=mla_args["qk_rope_head_dim"])
+                            kv_lora_rank=mla_args["kv_lora_rank"], qk_rope_head_dim=mla_args["qk_rope_head_dim"],
+                            backend=self.backend_name)
         if attn_type != AttentionType.DECODER:  # checked above; keeps type checkers honest
             raise NotImplementedError(attn_type)
         self.num_heads, self.head_size, self.scale = num_heads, head_size, float(scale)

@@ -19,16 +19,19 @@ from vllm.logger import init_logger
 from vllm.v1.attention.backend import (
     AttentionBackend,
     AttentionMetadataBuilder,
-    AttentionType,
     CommonAttentionMetadata,
-    MLAAttentionImpl,
     MultipleOf,
 )
 from vllm.v1.attention.backends.utils import split_decodes_and_prefills
 
 from ascend_platform import usage
 from ascend_platform.attention.backend import step_host_lengths
-from ascend_platform.attention.mla_backend import MLA_BLOCK_MULTIPLE, MLA_KV_CACHE_DTYPES, AscendMLABackend
+from ascend_platform.attention.mla_backend import (
+    MLA_BLOCK_MULTIPLE,
+    MLA_KV_CACHE_DTYPES,
+    AscendMLABackend,
+    AscendMLAImpl,
+)
 from ascend_platform.facade import kernel_ops
 
 logger = init_logger(__name__)
@@ -123,61 +126,26 @@ class AscendSFAMetadataBuilder(AttentionMetadataBuilder[AscendSFAMetadata]):
             num_prefills=npf, query_start_loc_host=qsl_host, seq_lens_host=seq_host)
 
 
-class AscendSFAImpl(MLAAttentionImpl[AscendSFAMetadata]):
+class AscendSFAImpl(AscendMLAImpl):
+    """MLA's latent cache and its writes (`AscendMLAImpl`), attention over the indexer's picks for every token."""
+
     is_sparse: ClassVar[bool] = True
     supports_dense_mha_prefill: bool = False
-    can_return_lse_for_decode: bool = False
-    supports_pcp: bool = False
-    supports_dcp: bool = False
+    backend_name: ClassVar[str] = "ASCEND_SFA"
 
-    def __init__(self, num_heads: int, head_size: int, scale: float, num_kv_heads: int,
-                 alibi_slopes: list[float] | None, sliding_window: int | None, kv_cache_dtype: str,
-                 logits_soft_cap: float | None, attn_type: str, kv_sharing_target_layer_name: str | None,
-                 **mla_args: Any) -> None:
-        from ascend_platform.attention.validation import check_mla_impl_args
-
-        check_mla_impl_args(alibi_slopes=alibi_slopes, sliding_window=sliding_window, logits_soft_cap=logits_soft_cap,
-                            attn_type=attn_type, kv_sharing_target_layer_name=kv_sharing_target_layer_name,
-                            kv_cache_dtype=kv_cache_dtype, dcp_world_size=self.dcp_world_size,
-                            pcp_world_size=self.pcp_world_size, head_size=head_size,
-                            kv_lora_rank=mla_args["kv_lora_rank"], qk_rope_head_dim=mla_args["qk_rope_head_dim"],
-                            backend="ASCEND_SFA")
-        if attn_type != AttentionType.DECODER:
-            raise NotImplementedError(attn_type)
+    def __init__(self, *args: Any, **mla_args: Any) -> None:
+        super().__init__(*args, **mla_args)
         topk_buffer = mla_args.get("topk_indices_buffer")
         if topk_buffer is None:
             raise ValueError("ASCEND_SFA needs the model's topk_indices_buffer (DeepSeek V3.2's indexer output)")
-        self.num_heads, self.head_size, self.scale = num_heads, head_size, float(scale)
-        self.num_kv_heads = num_kv_heads
-        self.kv_cache_dtype = kv_cache_dtype
-        self.kv_lora_rank = mla_args["kv_lora_rank"]
-        self.qk_rope_head_dim = mla_args["qk_rope_head_dim"]
-        self.kv_b_proj = mla_args["kv_b_proj"]
-        self.indexer = mla_args.get("indexer")
         self.topk_indices_buffer = topk_buffer
-        self.q_pad_num_heads = None
-        self.supports_quant_query_input = False
 
     def record_logical_topk_ready(self) -> None:
         """vLLM's MLA wrapper marks that this step's top-k positions are in the buffer; ours are read directly."""
 
-    def do_kv_cache_update(self, kv_c_normed: torch.Tensor, k_pe: torch.Tensor, kv_cache: torch.Tensor,
-                           slot_mapping: torch.Tensor, kv_cache_dtype: str, k_scale: torch.Tensor) -> None:
-        if kv_cache.numel() == 0:
-            return
-        from ascend_core.kv.views import mla_kv_of
-
-        kv = mla_kv_of(kv_cache, self.kv_lora_rank)
-        slots = slot_mapping.flatten()
-        n = slots.shape[0]
-        with usage.timed("kernels.reshape_and_cache_mla"):
-            kernel_ops().reshape_and_cache_mla(kv_c_normed[:n], k_pe[:n].reshape(n, -1), kv.latent, kv.rope, slots)
-
     def forward_mqa(self, q, kv_c_and_k_pe_cache: torch.Tensor, attn_metadata: AscendSFAMetadata, layer):
-        from ascend_core.kv.views import mla_kv_of
-
         q_nope, q_rope = q if isinstance(q, tuple) else q.split([self.kv_lora_rank, self.qk_rope_head_dim], dim=-1)
-        kv = mla_kv_of(kv_c_and_k_pe_cache, self.kv_lora_rank)
+        kv = self._views(kv_c_and_k_pe_cache)
         m = attn_metadata
         with usage.timed("kernels.sparse_mla_attention"):
             out = kernel_ops().sparse_mla_attention(q_nope, q_rope, kv.latent, kv.rope, m.block_table,
