@@ -1,12 +1,12 @@
 """The dequantized float twin of a quantized ModelSlim MoE checkpoint (`models.quantized_moe`), for plain vLLM CPU.
 
-Plain vLLM CPU cannot serve int8 / int4 experts on a host without AMX, and transformers' DeepSeek-V2 / Qwen3-MoE do
-not route or attend exactly as vLLM's models do (their float models already part from vLLM's after a few tokens
-here), so the anchor of the quantized MoE engines is vLLM's own CPU model on the checkpoint's integers made float:
-every quantized weight replaced by its dequantized value (int8, or int4 unpacked here from the checkpoint's bytes,
-times its per-channel scale, in float64, stored float32), everything else as written. What the twin leaves out is
-the engines' per-token activation quantization. Nothing here calls `ascend_kernels`, and scale_bias is not read: the
-engines' int4 kernels depend on it being right, the twin does not.
+Plain vLLM CPU cannot serve int8 / int4 experts on a host without AMX, so the anchor of the quantized MoE engines is
+vLLM's own CPU model (float32) on the checkpoint's integers made float: every quantized weight replaced by its
+dequantized value (int8, or int4 unpacked here from the checkpoint's bytes, times its per-channel scale, in float64,
+stored float32), everything else as written. (transformers in float64 on the twin gives the same tokens.) What the
+twin leaves out is the engines' bfloat16 and per-token int8 activations; the checkpoints are conditioned to keep that
+noise below their logit margins (`ascend_testkit.models.quantized_moe`). Nothing here calls `ascend_kernels`, and
+scale_bias is not read: the engines' int4 kernels depend on it being right, the twin does not.
 """
 
 from __future__ import annotations
