@@ -1,9 +1,9 @@
 """The V1 model runner of the Ascend platform: vLLM's runner with our KV allocation.
 
 `AscendRunnerV1Mixin` only replaces `initialize_kv_cache_tensors` (allocate with our allocator, bind its tensors to
-vLLM's layers, which hand them to the attention impls) and adds `release_kv_cache`/`reallocate_kv_cache` for sleep
-mode. The simulated lane puts it on vLLM's CPU runner (its host/device buffer handling is exactly what a CPU device
-needs); a device uses vLLM's GPU runner.
+vLLM's layers, which hand them to the attention impls) and adds `release_kv_cache`/`reallocate_kv_cache` and
+`release_graphs`/`recapture_graphs` for sleep mode. The simulated lane puts it on vLLM's CPU runner (its host/device
+buffer handling is exactly what a CPU device needs); a device uses vLLM's GPU runner.
 """
 
 from __future__ import annotations
@@ -39,6 +39,20 @@ class AscendRunnerV1Mixin:
         kv_binding.count_ascend_layers_on(self.ascend_kv, forward_context)
         return kv_caches
 
+    def release_graphs(self) -> bool:
+        """Sleep mode: drop the captured graphs of the static-graph wrappers (vLLM's compiled pieces); they recorded
+        the addresses sleep frees. Returns whether there were graphs."""
+        from ascend_platform.graph.wrapper import release_static_graphs
+
+        dropped = release_static_graphs()
+        usage.count("graphs.released", dropped)
+        return dropped > 0
+
+    def recapture_graphs(self) -> None:
+        """Capture the graphs again on the memory wake-up gave the weights and the KV cache (vLLM's capture)."""
+        self.capture_model()
+        usage.count("graphs.recaptured")
+
     def release_kv_cache(self) -> None:
         kv_binding.connector_release_kv()
         kv_binding.detach_layer_kv(self.compilation_config.static_forward_context)
@@ -52,6 +66,10 @@ class AscendRunnerV1Mixin:
 
 class SimulatedModelRunnerV1(AscendRunnerV1Mixin, CPUModelRunner):
     """V1 runner on the CPU device (simulated-NPU lane)."""
+
+    def recapture_graphs(self) -> None:
+        """The CPU runner captures nothing ahead: its eager "graphs" are recorded again at their next step."""
+        usage.count("graphs.recaptured")
 
 
 class NPUModelRunnerV1(AscendRunnerV1Mixin, GPUModelRunner):
