@@ -98,7 +98,7 @@ def test_keyword_arguments_are_validated_too():
         (lambda: ops.rms_norm(torch.randn(2, 8), torch.ones(7), 1e-6), "weight"),
         (lambda: ops.rms_norm(torch.randn(2, 8), torch.ones(8), 1e-6, residual=torch.randn(2, 4)), "residual"),
         (lambda: ops.silu_and_mul(torch.randn(2, 7)), "x"),
-        (lambda: ops.topk_softmax(torch.randn(2, 4), 5, True), "topk"),
+        (lambda: ops.moe_gating_topk(torch.randn(2, 4), 5), "topk"),
         (lambda: ops.sample_greedy(torch.randn(4)), "logits"),
         (lambda: ops.top_k_top_p(torch.randn(2, 5), top_p=torch.ones(3)), "top_p"),
         (lambda: ops.top_k_top_p(torch.randn(2, 5), top_p=0.9), "top_p"),

@@ -1,4 +1,4 @@
-"""Rotary embedding, RMSNorm, SiLU-and-mul, top-k softmax and the grouped MoE against naive formulations."""
+"""Rotary embedding, RMSNorm, SiLU-and-mul and the grouped MoE against naive formulations."""
 
 from __future__ import annotations
 
@@ -94,31 +94,15 @@ def test_silu_and_mul(dtype, tol):
     torch.testing.assert_close(ops.silu_and_mul(x).double(), gate / (1 + torch.exp(-gate)) * up, **tol)
 
 
-@pytest.mark.parametrize("renormalize", [False, True])
-def test_topk_softmax(renormalize):
-    logits = torch.randn(6, 8)
-    weights, ids = ops.topk_softmax(logits, 3, renormalize)
-    assert weights.dtype == torch.float32 and ids.dtype == torch.int32
-    for t in range(6):
-        probs = [math.exp(v) for v in logits[t].tolist()]
-        total = sum(probs)
-        best = sorted(range(8), key=lambda e: -probs[e])[:3]
-        assert ids[t].tolist() == best
-        expected = [probs[e] / total for e in best]
-        if renormalize:
-            expected = [p / sum(expected) for p in expected]
-        torch.testing.assert_close(weights[t], torch.tensor(expected), rtol=1e-5, atol=1e-6)
-
-
 @DTYPES
 def test_fused_moe_matches_per_token_experts(dtype, tol):
     tokens, hidden, inter, experts, k = 9, 16, 8, 4, 2
     x = torch.randn(tokens, hidden).to(dtype)
     w13 = (torch.randn(experts, 2 * inter, hidden) / 4).to(dtype)
     w2 = (torch.randn(experts, hidden, inter) / 4).to(dtype)
-    weights, ids = ops.topk_softmax(torch.randn(tokens, experts), k, True)
+    weights, ids = ops.moe_gating_topk(torch.randn(tokens, experts), k)
     ids[0] = torch.tensor([3, 3], dtype=torch.int32)  # the same expert twice for one token
-    out = ops.fused_moe_reference(x, w13, w2, weights, ids)
+    out = ops.fused_moe(x, w13, w2, weights, ids)
     expected = torch.zeros(tokens, hidden, dtype=torch.float64)
     for t in range(tokens):
         for i in range(k):
@@ -127,4 +111,4 @@ def test_fused_moe_matches_per_token_experts(dtype, tol):
             gate, up = gate_up[:inter], gate_up[inter:]
             expected[t] += weights[t, i].double() * (w2[e].double() @ (gate / (1 + torch.exp(-gate)) * up))
     torch.testing.assert_close(out.double(), expected, **tol)
-    assert ops.fused_moe_reference(x[:0], w13, w2, weights[:0], ids[:0]).shape == (0, hidden)
+    assert ops.fused_moe(x[:0], w13, w2, weights[:0], ids[:0]).shape == (0, hidden)

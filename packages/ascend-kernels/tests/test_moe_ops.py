@@ -50,13 +50,6 @@ def test_plain_gating_matches_naive(scoring, renormalize):
     torch.testing.assert_close(weights.double(), expected_w, rtol=1e-5, atol=1e-6)
 
 
-def test_plain_softmax_gating_equals_topk_softmax():
-    logits = torch.randn(5, 16)
-    w1, i1 = ops.moe_gating_topk(logits, 4, renormalize=True)
-    w2, i2 = ops.topk_softmax(logits, 4, True)
-    assert torch.equal(i1, i2) and torch.allclose(w1, w2)
-
-
 @pytest.mark.parametrize("with_bias", [False, True])
 @pytest.mark.parametrize("scoring", ["softmax", "sigmoid"])
 def test_grouped_biased_gating_matches_naive(with_bias, scoring):

@@ -2,10 +2,11 @@
 
 Each function here is the `impl` of an op's `NpuBinding` (declared with the op, `ascend_kernels.op_registry`);
 selecting "npu" imports this module, and torch_npu is imported on the first call of any binding. Ops with no
-dedicated torch_npu kernel (sampling, the MoE reference) run the reference implementation on the NPU device ("torch"
-bindings). Paged caches
-are dense (one contiguous [blocks, block_size, heads, dim] tensor per plane); where a kernel cannot take what it is
-given (a non-contiguous cache, a partial rotary, ...) the binding runs the reference and says so in `npu_usage`.
+dedicated torch_npu kernel (greedy, Gumbel and rejection sampling, logprobs, batch preparation, sparse MLA and most
+of DeepSeek V4's) run the reference implementation on the NPU device ("torch" bindings). Paged caches are dense
+(one contiguous [blocks, block_size, heads, dim] tensor per plane); where a kernel cannot take what it is given (a
+non-contiguous cache, a partial rotary, ...) the binding runs the reference and says so in `npu_usage`. A call with
+no query rows (only padding: a PCP rank handed none of a step's tokens) launches no attention kernel.
 
 Names and argument conventions follow vllm-ascend's use of torch_npu (attention_v1, mla_v1, ops/rotary_embedding,
 layernorm, activation, fused_moe and sample/). Off an Ascend host they run over the testkit's schema-faithful
@@ -109,12 +110,14 @@ def _host(values: list[int] | None, tensor: torch.Tensor) -> list[int]:
 
 def _copy_rows(result: torch.Tensor, num_q: int, rows: int, heads: int, dim: int, out: torch.Tensor | None,
                like: torch.Tensor) -> torch.Tensor:
-    """The kernel's [num_q, heads, dim] rows into `out` (or a new [rows, heads, dim]); padding rows are zero."""
+    """The kernel's [num_q, heads, dim] rows into `out` (or a new [rows, heads, dim]); padding rows are zero (all of
+    them when no kernel ran: `num_q` 0, `result` None)."""
     if out is None:
         out = like.new_zeros(rows, heads, dim)
     else:
         out[num_q:].zero_()
-    out[:num_q].copy_(result.view(num_q, heads, -1))
+    if num_q:
+        out[:num_q].copy_(result.view(num_q, heads, -1))
     return out
 
 
@@ -138,6 +141,8 @@ def paged_attention(query, key_cache, value_cache, block_table, query_start_loc,
     # The kernel takes lengths at launch: the caller's host lists (built once per step), else one read-back each.
     starts = _host(query_start_loc_host, query_start_loc)
     num_q = starts[-1]
+    if not num_q:  # only padding rows (a PCP rank handed none of the step's tokens): nothing to launch
+        return _copy_rows(None, 0, query.shape[0], query.shape[1], value_cache.shape[3], out, query)
     # FIA takes dense q/k/v: a query split from vLLM's fused qkv projection is a strided view.
     result, _ = _npu().npu_fused_infer_attention_score_v2(
         query[:num_q].contiguous(), _flat_blocks(key_cache), _flat_blocks(value_cache),
@@ -189,6 +194,8 @@ def mla_prefill_attention(q, k_nope, k_rope, v, query_start_loc, kv_start_loc, *
     k = torch.cat([k_nope, k_rope.reshape(n, 1, -1).expand(n, h, -1)], dim=-1)
     starts = _host(query_start_loc_host, query_start_loc)
     num_q = starts[-1]
+    if not num_q:  # only padding rows: nothing to launch
+        return _copy_rows(None, 0, t, h, v.shape[2], out, q)
     result, _ = _npu().npu_fused_infer_attention_score(
         q[:num_q].contiguous(), k, v.contiguous(), num_heads=h, num_key_value_heads=h, input_layout="TND",
         scale=scale, atten_mask=_causal_mask(str(q.device)), sparse_mode=_SPARSE_CAUSAL,
@@ -226,14 +233,6 @@ def rms_norm(x, weight, eps, residual=None):
 
 def silu_and_mul(x):
     return _npu().npu_swiglu(x, dim=-1)
-
-
-def topk_softmax(gating_logits, topk, renormalize):
-    weights, ids, _ = _npu().npu_moe_gating_top_k_softmax(gating_logits, None, k=topk)
-    weights = weights.float()
-    if renormalize:
-        weights = weights / weights.sum(dim=-1, keepdim=True)
-    return weights, ids.to(torch.int32)
 
 
 def _gating_refusal(experts: int, topk: int, groups: int, topk_group: int, scoring_func: str) -> str | None:
@@ -328,9 +327,10 @@ def top_k_top_p(logits, top_k=None, top_p=None):
     return _npu().npu_top_k_top_p(logits, p, k)
 
 
-def _full_lse(lse: torch.Tensor, num_q: int, rows: int, heads: int, device) -> torch.Tensor:
+def _full_lse(lse: torch.Tensor | None, num_q: int, rows: int, heads: int, device) -> torch.Tensor:
     full = torch.full((rows, heads), float("-inf"), dtype=torch.float32, device=device)
-    full[:num_q] = lse.reshape(num_q, heads).float()
+    if num_q:
+        full[:num_q] = lse.reshape(num_q, heads).float()
     return full
 
 
@@ -339,9 +339,13 @@ def attention_with_lse(q, k, v, query_start_loc, kv_start_loc, *, scale, causal=
     t, h, _ = q.shape
     starts = _host(query_start_loc_host, query_start_loc)
     num_q = starts[-1]
+    if not num_q:  # only padding rows: nothing to launch (output 0, lse -inf)
+        return _copy_rows(None, 0, t, h, v.shape[2], out, q), _full_lse(None, 0, t, h, q.device)
     kwargs = {"atten_mask": _causal_mask(str(q.device)), "sparse_mode": _SPARSE_CAUSAL} if causal else {}
+    # FIA without pages takes dense q/k/v: under PCP the query is split from the fused qkv projection and the keys
+    # and values are halves of the all-gathered K|V rows (`gather_kv_rows`), all strided views.
     result, lse = _npu().npu_fused_infer_attention_score(
-        q[:num_q], k, v, num_heads=h, num_key_value_heads=k.shape[1],
+        q[:num_q].contiguous(), k.contiguous(), v.contiguous(), num_heads=h, num_key_value_heads=k.shape[1],
         input_layout="TND", scale=scale, softmax_lse_flag=True, actual_seq_lengths=starts[1:],
         actual_seq_lengths_kv=_host(kv_start_loc_host, kv_start_loc)[1:], **kwargs)
     return _copy_rows(result, num_q, t, h, v.shape[2], out, q), _full_lse(lse, num_q, t, h, q.device)
@@ -360,9 +364,13 @@ def paged_attention_with_lse(query, key_cache, value_cache, block_table, query_s
     _, bs, hkv, _ = key_cache.shape
     starts = _host(query_start_loc_host, query_start_loc)
     num_q = starts[-1]
+    if not num_q:  # only padding rows: nothing to launch (output 0, lse -inf)
+        return (_copy_rows(None, 0, t, h, value_cache.shape[3], out, query),
+                _full_lse(None, 0, t, h, query.device))
     kwargs = {"atten_mask": _causal_mask(str(query.device)), "sparse_mode": _SPARSE_CAUSAL} if causal else {}
+    # FIA takes a dense query: under PCP it is split from the fused qkv projection (a strided view).
     result, lse = _npu().npu_fused_infer_attention_score(
-        query[:num_q], _flat_blocks(key_cache), _flat_blocks(value_cache),
+        query[:num_q].contiguous(), _flat_blocks(key_cache), _flat_blocks(value_cache),
         num_heads=h, num_key_value_heads=hkv, input_layout="TND", scale=scale, softmax_lse_flag=True,
         block_table=block_table.to(torch.int32), block_size=bs, actual_seq_lengths=starts[1:],
         actual_seq_lengths_kv=_host(seq_lens_host, seq_lens), **kwargs)

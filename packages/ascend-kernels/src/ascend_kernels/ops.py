@@ -179,17 +179,6 @@ def silu_and_mul(x) -> torch.Tensor:
     """`x [..., 2d]` -> `silu(x[..., :d]) * x[..., d:]` of shape `[..., d]` (gate half first, as vLLM)."""
 
 
-@kernel_op(validate=_v.check_topk_softmax, reference=ref.topk_softmax,
-           npu=NpuBinding(target="torch_npu.npu_moe_gating_top_k_softmax", kind="torch_npu",
-                          impl="ascend_kernels.npu_backend:topk_softmax"))
-def topk_softmax(gating_logits, topk: int, renormalize: bool):
-    """MoE routing: softmax over experts (float32), then the top-k per token.
-
-    gating_logits `[num_tokens, num_experts]` -> (weights float32 `[num_tokens, topk]`, expert ids int32
-    `[num_tokens, topk]`), ordered by descending weight; with `renormalize` the k weights are divided by their sum.
-    """
-
-
 @kernel_op(validate=_v.check_moe_gating_topk, reference=ref.moe_gating_topk,
            npu=NpuBinding(target="torch_npu.npu_moe_gating_top_k", kind="torch_npu",
                           impl="ascend_kernels.npu_backend:moe_gating_topk", note="norm_type 0/1 = "
@@ -232,18 +221,6 @@ def fused_moe(hidden_states, w13, w2, topk_weights, topk_ids, *, w13_bias=None, 
     out[t] = sum over i with e = topk_ids[t, i] >= 0 of topk_weights[t, i] * (w2[e] @ silu_and_mul(w13[e] @ x[t] +
     b13[e]) + b2[e]); float32 accumulation, result in hidden_states' dtype (a token with no pair is all zeros).
     swiglu_limit L (DeepSeek V4; None or > 0): the activation is `silu(min(gate, L)) * clamp(up, -L, L)`.
-    """
-
-
-@kernel_op(validate=_v.check_fused_moe, reference=ref.fused_moe_reference,
-           npu=reference_on_device("moe"))
-def fused_moe_reference(hidden_states, w13, w2, topk_weights, topk_ids) -> torch.Tensor:
-    """Mixture of experts with SiLU-gated experts, tokens grouped by expert.
-
-    hidden_states `[num_tokens, hidden]`; w13 `[num_experts, 2 * intermediate, hidden]` (gate rows then up rows);
-    w2 `[num_experts, hidden, intermediate]`; topk_weights `[num_tokens, k]`, topk_ids `[num_tokens, k]`.
-    out[t] = sum_i topk_weights[t, i] * w2[e] @ silu_and_mul(w13[e] @ x[t]) with e = topk_ids[t, i];
-    accumulation in float32, result in hidden_states' dtype.
     """
 
 

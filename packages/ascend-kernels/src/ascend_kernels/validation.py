@@ -274,17 +274,6 @@ def check_silu_and_mul(x) -> None:
         fail("silu_and_mul", "x", x, "[..., 2 * d] floating (gate half, then up half)")
 
 
-def check_topk_softmax(gating_logits, topk, renormalize) -> None:
-    op = "topk_softmax"
-    tensor(op, "gating_logits", gating_logits, 2, "[num_tokens, num_experts]")
-    floating(op, "gating_logits", gating_logits, "[num_tokens, num_experts]")
-    experts = gating_logits.shape[1]
-    if isinstance(topk, bool) or not isinstance(topk, int) or not 0 < topk <= experts:
-        fail(op, "topk", topk, f"an int in [1, {experts}]")
-    if not isinstance(renormalize, bool):
-        fail(op, "renormalize", renormalize, "a bool")
-
-
 def check_moe_gating_topk(router_logits, topk, scoring_func, renormalize, num_expert_group, topk_group,
                           e_score_correction_bias, routed_scaling_factor) -> None:
     op = "moe_gating_topk"
@@ -317,7 +306,7 @@ def check_moe_gating_topk(router_logits, topk, scoring_func, renormalize, num_ex
         same_device(op, "e_score_correction_bias", e_score_correction_bias, router_logits.device, f"[{experts}]")
 
 
-def check_fused_moe(hidden_states, w13, w2, topk_weights, topk_ids, *, op: str = "fused_moe_reference",
+def check_fused_moe(hidden_states, w13, w2, topk_weights, topk_ids, *, op: str = "fused_moe",
                     w13_bias=None, w2_bias=None) -> None:
     tensor(op, "hidden_states", hidden_states, 2, "[num_tokens, hidden_size]")
     floating(op, "hidden_states", hidden_states, "[num_tokens, hidden_size]")

@@ -49,7 +49,7 @@ from ascend_kernels.reference.gumbel import gumbel_sample
 from ascend_kernels.reference.layers import rms_norm, rotary_embedding, silu_and_mul
 from ascend_kernels.reference.logprobs import gather_logprobs, token_ranks
 from ascend_kernels.reference.mla_prefill import gather_mla_cache, mla_prefill_attention
-from ascend_kernels.reference.moe import fused_moe, fused_moe_reference, moe_gating_topk, topk_softmax
+from ascend_kernels.reference.moe import fused_moe, moe_gating_topk
 from ascend_kernels.reference.rejection import rejection_sample
 from ascend_kernels.reference.sampling import sample_greedy, top_k_top_p
 from ascend_kernels.reference.sparse_mla import (

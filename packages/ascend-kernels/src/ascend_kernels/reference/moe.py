@@ -14,14 +14,6 @@ import torch.nn.functional as F
 _GATHER_PAIRS = 64
 
 
-def topk_softmax(gating_logits, topk, renormalize):
-    probs = torch.softmax(gating_logits.float(), dim=-1)
-    weights, ids = torch.topk(probs, topk, dim=-1)
-    if renormalize:
-        weights = weights / weights.sum(dim=-1, keepdim=True)
-    return weights, ids.to(torch.int32)
-
-
 def moe_gating_topk(router_logits, topk, *, scoring_func="softmax", renormalize=True, num_expert_group=None,
                     topk_group=None, e_score_correction_bias=None, routed_scaling_factor=1.0):
     logits = router_logits.float()
@@ -101,31 +93,5 @@ def fused_moe(hidden_states, w13, w2, topk_weights, topk_ids, *, w13_bias=None, 
                         None if w13_bias is None else w13_bias[expert], None if w2_bias is None else w2_bias[expert],
                         swiglu_limit)
         out.index_add_(0, tokens.index_select(0, sel), y * weights.index_select(0, sel)[:, None])
-        start += count
-    return out.to(hidden_states.dtype)
-
-
-def fused_moe_reference(hidden_states, w13, w2, topk_weights, topk_ids):
-    t, hidden = hidden_states.shape
-    k = topk_ids.shape[1]
-    out = torch.zeros(t, hidden, dtype=torch.float32, device=hidden_states.device)
-    if t == 0:
-        return out.to(hidden_states.dtype)
-    flat_ids = topk_ids.reshape(-1).long()
-    order = torch.argsort(flat_ids, stable=True)
-    token_of = order // k  # the token each sorted (token, slot) pair belongs to
-    counts = torch.bincount(flat_ids, minlength=w13.shape[0]).tolist()
-    weights = topk_weights.reshape(-1).float()[order]
-    start = 0
-    for expert, count in enumerate(counts):
-        if count == 0:
-            continue
-        tokens = token_of[start : start + count]
-        x = hidden_states.index_select(0, tokens).float()
-        gate_up = x @ w13[expert].float().t()
-        inter = gate_up.shape[-1] // 2
-        act = F.silu(gate_up[:, :inter]) * gate_up[:, inter:]
-        y = (act @ w2[expert].float().t()) * weights[start : start + count, None]
-        out.index_add_(0, tokens, y)
         start += count
     return out.to(hidden_states.dtype)

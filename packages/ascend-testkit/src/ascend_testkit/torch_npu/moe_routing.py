@@ -14,23 +14,6 @@ from ascend_testkit.torch_npu.attention.refusals import refuse, require_dtype, u
 _FLOATS = (torch.float16, torch.bfloat16, torch.float32)
 
 
-def npu_moe_gating_top_k_softmax(*, x, finished, k):
-    op = "npu_moe_gating_top_k_softmax"
-    require_dtype(op, "x", x, _FLOATS)
-    if x.dim() not in (2, 3):
-        refuse(op, f"x must be 2-D or 3-D, got shape {tuple(x.shape)}")
-    if not 0 < k <= min(x.shape[-1], 1024):
-        refuse(op, f"k must satisfy 0 < k <= min(experts={x.shape[-1]}, 1024), got {k}")
-    if finished is not None:
-        unmodelled(op, "finished", "a tensor")
-    rows = x.reshape(-1, x.shape[-1])
-    y, idx = torch.topk(torch.softmax(rows.float(), dim=-1), k, dim=-1)
-    n = rows.shape[0]
-    row_idx = torch.arange(n * k, dtype=torch.int32, device=x.device).view(k, n).t()
-    shape = (*x.shape[:-1], k)
-    return y.to(x.dtype).view(shape), idx.to(torch.int32).view(shape), row_idx.contiguous().view(shape)
-
-
 def npu_moe_gating_top_k(*, x, k, bias, input_ids, tid2eid, k_group, group_count, group_select_mode, renorm,
                          norm_type, out_flag, routed_scaling_factor, eps):
     op = "npu_moe_gating_top_k"

@@ -12,7 +12,6 @@ OWN: dict[str, Callable] = {
     "npu_swiglu": norms.npu_swiglu,
     "_npu_rotary_embedding": rotary._npu_rotary_embedding,
     "npu_moe_gating_top_k": moe_routing.npu_moe_gating_top_k,
-    "npu_moe_gating_top_k_softmax": moe_routing.npu_moe_gating_top_k_softmax,
     "npu_moe_init_routing_v2": moe_routing.npu_moe_init_routing_v2,
     "npu_grouped_matmul": grouped_matmul.npu_grouped_matmul,
     "npu_moe_token_unpermute": moe_routing.npu_moe_token_unpermute,
