@@ -2,8 +2,9 @@
 calls on `torch.npu` / `torch.accelerator`.
 
 `ASCEND_TESTKIT_NPU_RUNTIME=emulated` in an engine process's environment (with `ASCEND_VLLM_SIMULATE` unset) makes
-`install_if_requested()` (called by the testkit's vLLM general plugin and by an engine host's `--setup`) put in
-place: the testkit's schema-faithful torch_npu; `ASCEND_TESTKIT_NPU_COUNT` cards (default 8) of
+`install_if_requested()` (called at start-up by every Python process of an environment made with `process_env()`,
+through its `startup/sitecustomize.py`, as well as by the testkit's vLLM general plugin and an engine host's
+`--setup`) put in place: the testkit's schema-faithful torch_npu; `ASCEND_TESTKIT_NPU_COUNT` cards (default 8) of
 `ASCEND_TESTKIT_NPU_MEMORY` bytes each (default 1 GiB; '512MiB' works) as PrivateUse1 named `npu`
 (`csrc/npu_device.cpp`: allocator, device guard, hooks, pinned host memory, kernels = the CPU's through a boxed
 fallback); streams and events; ACL graphs (`graphs`: capture records the dispatched ops, replay re-runs them on the
@@ -12,9 +13,11 @@ resolves our `ascend` platform to the device lane (`AscendNPUPlatform`, `NPUWork
 sees a device, and the device lane runs on `npu:<rank>` tensors as on a card.
 
 What it cannot cover (needs a card): CANN and the NPU kernels themselves (the kernels are the CPU's and the
-reference / schema-faithful torch_npu ops), asynchronous streams (work is synchronous, so a missing wait cannot
-show), a caching allocator's fragmentation, graph pools shared between graphs, HCCL's own collectives (gloo runs
-them), triton-ascend's compiler.
+reference / schema-faithful torch_npu ops), asynchronous streams and events (work is synchronous, so a missing wait
+cannot show), a caching allocator's fragmentation and reserve (allocated = reserved here), graph memory shared
+within a pool (each graph keeps its own tensors, so graphs take more here than on a card), graph-parameter updates,
+HCCL's own collectives and their in-graph capture (gloo runs them, re-run at each replay), triton-ascend's
+compiler, a per-thread current device (one process-wide current device here), torch.compile's inductor for NPU.
 """
 
 from __future__ import annotations
