@@ -2,7 +2,8 @@
 
 `ASCEND_TESTKIT_REACH=<folder>` in the test session's environment turns it on: `reach_env()` then gives each engine
 host (and each server or router a test starts) `COVERAGE_PROCESS_START`, which coverage's own `.pth` hook reads at
-interpreter start-up, so vLLM's worker processes record too (forked ones through coverage's fork patch). The pytest
+interpreter start-up, so vLLM's worker processes record too (forked ones through coverage's fork patch), and the
+reach folder on `PYTHONPATH`, where coverage finds the `import_context` plug-in at that early point. The pytest
 process itself is not measured: a module reached only by a unit test does not count.
 """
 
@@ -12,6 +13,7 @@ import os
 from pathlib import Path
 
 REACH_ENV = "ASCEND_TESTKIT_REACH"
+PLUGIN_MODULE = "ascend_reach_import_context"  # import_context, as the measured processes import it
 RUNTIME_PACKAGES = ("ascend_kernels", "ascend_core", "ascend_kv_transfer", "ascend_specdecode", "ascend_platform",
                     "ascend_vllm")
 
@@ -21,6 +23,9 @@ def rcfile(folder: str | os.PathLike) -> Path:
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / "coveragerc"
+    plugin = folder / f"{PLUGIN_MODULE}.py"
+    if not plugin.exists():  # importable at interpreter start-up, through PYTHONPATH (see import_context)
+        plugin.write_text((Path(__file__).parent / "import_context.py").read_text())
     if not path.exists():
         path.write_text("\n".join([
             "[run]",
@@ -32,7 +37,10 @@ def rcfile(folder: str | os.PathLike) -> Path:
             "sigterm = true",
             "disable_warnings = no-data-collected, module-not-measured, module-not-imported",
             # What runs while a runtime module is imported is told apart (the "import" context): it proves nothing.
-            "plugins = ascend_testkit.reach.import_context",
+            f"plugins = {PLUGIN_MODULE}",
+            "",
+            f"[{PLUGIN_MODULE}]",
+            f"packages = {' '.join(RUNTIME_PACKAGES)}",
             "",
         ]))
     return path
@@ -41,4 +49,8 @@ def rcfile(folder: str | os.PathLike) -> Path:
 def reach_env() -> dict[str, str]:
     """Environment entries that make a process record reach, or {} when the session does not collect it."""
     folder = os.environ.get(REACH_ENV)
-    return {"COVERAGE_PROCESS_START": str(rcfile(folder))} if folder else {}
+    if not folder:
+        return {}
+    config = rcfile(folder)
+    path = os.pathsep.join(p for p in (str(config.parent), os.environ.get("PYTHONPATH", "")) if p)
+    return {"COVERAGE_PROCESS_START": str(config), "PYTHONPATH": path}

@@ -4,10 +4,13 @@ dynamic context "import", so the check tells code an engine ran from code an imp
 
 The coverage configuration every measured process reads (`collect.rcfile`) names this module as a plug-in; coverage
 imports it when it starts (at interpreter start-up, through its `.pth` hook), before any runtime module is imported,
-and `coverage_init` puts a finder first on `sys.meta_path` that wraps the loader of each runtime module: its
-`exec_module` runs in the "import" context. Each switch flushes coverage's collected lines, about two per runtime
-module imported. Other threads' lines during an import window are labelled "import" too (one context per process):
-that can only under-count, never credit an engine with what it did not run.
+and `coverage_init` puts a finder first on `sys.meta_path` that wraps the loader of each runtime module (the
+packages named in the plug-in's options): its `exec_module` runs in the "import" context. At that point of start-up
+the workspace's editable source folders are not on `sys.path` yet (their `.pth` files sort after coverage's), so
+`collect.rcfile` copies this file, which imports nothing of ours, into the reach folder and `collect.reach_env` puts
+that folder on the measured processes' `PYTHONPATH`. Each switch flushes coverage's collected lines, about two per
+runtime module imported. Other threads' lines during an import window are labelled "import" too (one context per
+process): that can only under-count, never credit an engine with what it did not run.
 """
 
 from __future__ import annotations
@@ -17,9 +20,8 @@ import sys
 import threading
 from typing import Any
 
-from ascend_testkit.reach.collect import RUNTIME_PACKAGES
-
 IMPORT_CONTEXT = "import"
+RUNTIME_PACKAGES: tuple[str, ...] = ()  # set by coverage_init from the plug-in's options
 
 _lock = threading.Lock()
 _depth = [0]
@@ -85,4 +87,6 @@ def install() -> None:
 
 
 def coverage_init(reg, options) -> None:  # coverage's plug-in entry point
+    global RUNTIME_PACKAGES
+    RUNTIME_PACKAGES = tuple(options.get("packages", "").split())
     install()
