@@ -16,11 +16,12 @@ from types import SimpleNamespace
 
 import torch
 
-from ascend_kv_transfer.pool.keys import PoolKeys, RankCoords
+from ascend_kv_transfer.pool.keys import PoolKeys
 from ascend_kv_transfer.pool.options import parse_store_options
 from ascend_kv_transfer.pool.scheduler_side import PoolScheduler, PoolTransfer
 from ascend_kv_transfer.pool.store_client import StoreClient
 from ascend_kv_transfer.pool.worker_side import PoolWorker
+from ascend_kv_transfer.ranks import RankCoords
 
 BLOCK = 16  # tokens per block
 NUM_BLOCKS = 192

@@ -142,13 +142,13 @@ def split_case(out):
 
 
 def ragged_case(out):
-    from ascend_kv_transfer.p2p.ports import Ranks
     from ascend_kv_transfer.p2p.scheduler_side import P2PStep, RecvJob
     from ascend_kv_transfer.p2p.worker_side import P2PWorker
+    from ascend_kv_transfer.ranks import RankCoords
 
     geometry = msgspec.structs.replace(LATENT, tp_size=2)
     worker = P2PWorker(engine_id="decode-tp2", role="kv_consumer", options=MooncakeOptions(side_channel_port=26800),
-                       ranks=Ranks(tp_rank=1, tp_size=2), geometry=geometry, num_blocks=BLOCKS,
+                       ranks=RankCoords(tp_rank=1, tp_size=2), geometry=geometry, num_blocks=BLOCKS,
                        layer_groups={f"layer{i}": 0 for i in range(LAYERS)})
     worker.register_kv_caches(caches(40))
     worker.start_step(P2PStep(recv={"req-r": RecvJob("t-r", (HOST, 26900), "prefill-tp3", [[4, 5]],

@@ -20,11 +20,12 @@ def _config(*specs):
     return KVCacheConfig(num_blocks=16, kv_cache_tensors=tensors, kv_cache_groups=groups)
 
 
-def _vllm(dcp=1, model="/m/tiny"):
-    return SimpleNamespace(
-        parallel_config=SimpleNamespace(decode_context_parallel_size=dcp, tensor_parallel_size=1,
-                                        pipeline_parallel_size=1, prefill_context_parallel_size=1),
-        cache_config=SimpleNamespace(block_size=128), model_config=SimpleNamespace(model=model))
+def _vllm(dcp=1, model="/m/tiny", tp=None):
+    from vllm.config import ParallelConfig  # vLLM's own: it refuses sizes no engine could have (tp % dcp)
+
+    parallel = ParallelConfig(tensor_parallel_size=tp or dcp, decode_context_parallel_size=dcp)
+    return SimpleNamespace(parallel_config=parallel,
+                           cache_config=SimpleNamespace(block_size=128), model_config=SimpleNamespace(model=model))
 
 
 def _full(block=128):
@@ -61,8 +62,7 @@ def test_recompute_policy_is_required():
 
 
 def _mla_vllm(tp: int, use_mla: bool = True, dcp: int = 1):
-    vllm = _vllm(dcp=dcp)
-    vllm.parallel_config.tensor_parallel_size = tp
+    vllm = _vllm(dcp=dcp, tp=tp)
     vllm.model_config.use_mla = use_mla
     return vllm
 

@@ -8,7 +8,8 @@ import sys
 import pytest
 
 from ascend_kv_transfer.pool.block_hashes import ROOT_HASH, RequestHashes, chain_hash
-from ascend_kv_transfer.pool.keys import PoolKeys, RankCoords, pool_namespace
+from ascend_kv_transfer.pool.keys import PoolKeys, pool_namespace
+from ascend_kv_transfer.ranks import RankCoords
 
 
 def _request(req_id, tokens, **kwargs):

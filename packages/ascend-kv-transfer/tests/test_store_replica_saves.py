@@ -1,8 +1,9 @@
 """A TP rank whose KV another rank already puts (TP-replicated MLA latent) saves nothing and holds no request."""
 
-from ascend_kv_transfer.pool.keys import PoolKeys, RankCoords
+from ascend_kv_transfer.pool.keys import PoolKeys
 from ascend_kv_transfer.pool.scheduler_side import PoolTransfer
 from ascend_kv_transfer.pool.worker_side import PoolWorker
+from ascend_kv_transfer.ranks import RankCoords
 
 
 def test_a_rank_that_leaves_saves_to_rank0_reports_finished_requests_at_once():

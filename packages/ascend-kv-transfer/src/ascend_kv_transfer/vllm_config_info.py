@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from ascend_core.upstream import kv_config_layout
-from ascend_kv_transfer.p2p.ports import Ranks
 from ascend_kv_transfer.p2p.schema import KVGeometry
+from ascend_kv_transfer.ranks import RankCoords
 
 
 def layer_groups(kv_cache_config: Any) -> dict[str, int]:
@@ -59,23 +60,23 @@ def _dp_rank(parallel: Any) -> int:
     return int(getattr(parallel, "data_parallel_index", 0) or 0)
 
 
-def engine_ranks(vllm_config: Any) -> Ranks:
-    """Ranks as the scheduler knows them (its engine's first worker)."""
+def engine_ranks(vllm_config: Any) -> RankCoords:
+    """The engine's first worker as its scheduler knows it: its DP rank and every parallel size."""
     parallel = vllm_config.parallel_config
-    return Ranks(dp_rank=_dp_rank(parallel), tp_size=int(parallel.tensor_parallel_size),
-                 pp_size=int(parallel.pipeline_parallel_size),
-                 pcp_size=int(getattr(parallel, "prefill_context_parallel_size", 1) or 1))
+    return RankCoords(dp_rank=_dp_rank(parallel), tp_size=int(parallel.tensor_parallel_size),
+                      pp_size=int(parallel.pipeline_parallel_size),
+                      pcp_size=int(getattr(parallel, "prefill_context_parallel_size", 1) or 1),
+                      dcp_size=int(getattr(parallel, "decode_context_parallel_size", 1) or 1))
 
 
-def worker_ranks(vllm_config: Any) -> Ranks:
+def worker_ranks(vllm_config: Any) -> RankCoords:
     """This worker's ranks, read from vLLM's initialised process groups."""
-    from vllm.distributed.parallel_state import get_pcp_group, get_pp_group, get_tp_group
+    from vllm.distributed.parallel_state import get_dcp_group, get_pcp_group, get_pp_group, get_tp_group
 
     base = engine_ranks(vllm_config)
-    pcp_rank = get_pcp_group().rank_in_group if base.pcp_size > 1 else 0
-    return Ranks(dp_rank=base.dp_rank, tp_rank=get_tp_group().rank_in_group, tp_size=base.tp_size,
-                 pp_rank=get_pp_group().rank_in_group, pp_size=base.pp_size, pcp_rank=pcp_rank,
-                 pcp_size=base.pcp_size)
+    return dataclasses.replace(base, tp_rank=get_tp_group().rank_in_group, pp_rank=get_pp_group().rank_in_group,
+                               pcp_rank=get_pcp_group().rank_in_group if base.pcp_size > 1 else 0,
+                               dcp_rank=get_dcp_group().rank_in_group if base.dcp_size > 1 else 0)
 
 
 def bytes_per_block(kv_cache_config: Any) -> int:

@@ -8,48 +8,22 @@ the TP rank `p2p.rank_groups` picks, laid out by the prefill's TP size.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from ascend_kv_transfer.ranks import RankCoords
 
 
-@dataclass(frozen=True, kw_only=True)
-class Ranks:
-    dp_rank: int = 0
-    tp_rank: int = 0
-    tp_size: int = 1
-    pp_rank: int = 0
-    pp_size: int = 1
-    pcp_rank: int = 0
-    pcp_size: int = 1
-
-    def __post_init__(self) -> None:
-        for rank, size in (("tp_rank", "tp_size"), ("pp_rank", "pp_size"), ("pcp_rank", "pcp_size")):
-            if not 0 <= getattr(self, rank) < getattr(self, size):
-                raise ValueError(f"{rank}={getattr(self, rank)} outside {size}={getattr(self, size)}")
-        if self.dp_rank < 0:
-            raise ValueError(f"dp_rank={self.dp_rank}")
-
-    @property
-    def engine_offset(self) -> int:
-        return self.dp_rank * self.tp_size * self.pp_size * self.pcp_size
-
-    @property
-    def worker_offset(self) -> int:
-        return (self.pp_rank * self.pcp_size + self.pcp_rank) * self.tp_size + self.tp_rank
-
-
-def peer_offset(ranks: Ranks, peer_tp_size: int, peer_tp_rank: int) -> int:
+def peer_offset(ranks: RankCoords, peer_tp_size: int, peer_tp_rank: int) -> int:
     """Offset from a peer engine's advertised port to its worker with our pp/pcp ranks and TP rank `peer_tp_rank`."""
     if not 0 <= peer_tp_rank < peer_tp_size:
         raise ValueError(f"peer tp_rank={peer_tp_rank} outside peer tp_size={peer_tp_size}")
     return (ranks.pp_rank * ranks.pcp_size + ranks.pcp_rank) * peer_tp_size + peer_tp_rank
 
 
-def engine_port(base: int, ranks: Ranks) -> int:
+def engine_port(base: int, ranks: RankCoords) -> int:
     """The port a scheduler advertises in `kv_transfer_params` (its engine's first worker)."""
     return _checked(base + ranks.engine_offset)
 
 
-def worker_port(base: int, ranks: Ranks) -> int:
+def worker_port(base: int, ranks: RankCoords) -> int:
     """The port this worker's side channel binds."""
     return _checked(base + ranks.engine_offset + ranks.worker_offset)
 

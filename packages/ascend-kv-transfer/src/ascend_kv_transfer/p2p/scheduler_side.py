@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ascend_kv_transfer.options import MooncakeOptions
-from ascend_kv_transfer.p2p.ports import Ranks, engine_port
+from ascend_kv_transfer.p2p.ports import engine_port
+from ascend_kv_transfer.ranks import RankCoords
 
 logger = logging.getLogger(__name__)
 
@@ -58,7 +59,7 @@ def parse_address(params: dict[str, Any]) -> tuple[str, int] | None:
 
 
 class P2PScheduler:
-    def __init__(self, *, engine_id: str, role: str, options: MooncakeOptions, ranks: Ranks, block_size: int):
+    def __init__(self, *, engine_id: str, role: str, options: MooncakeOptions, ranks: RankCoords, block_size: int):
         self.engine_id = engine_id
         self.is_producer = role in ("kv_producer", "kv_both")
         self.is_consumer = role in ("kv_consumer", "kv_both")

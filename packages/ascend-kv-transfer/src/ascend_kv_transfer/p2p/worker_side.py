@@ -21,11 +21,12 @@ from ascend_kv_transfer.kv_regions import KVRegions, describe_kv_caches
 from ascend_kv_transfer.options import MooncakeOptions
 from ascend_kv_transfer.p2p.agent import MooncakeAgent
 from ascend_kv_transfer.p2p.handoff import Handoff, PullHandoff, PullResult
-from ascend_kv_transfer.p2p.ports import Ranks, peer_offset, worker_port
+from ascend_kv_transfer.p2p.ports import peer_offset, worker_port
 from ascend_kv_transfer.p2p.rank_groups import ReadPlan, plan_reads
 from ascend_kv_transfer.p2p.scheduler_side import P2PStep, RecvJob
 from ascend_kv_transfer.p2p.schema import KVGeometry
 from ascend_kv_transfer.p2p.step_driver import StepDriver
+from ascend_kv_transfer.ranks import RankCoords
 
 logger = logging.getLogger(__name__)
 
@@ -35,7 +36,7 @@ _RECENT_PULLS = 256
 class P2PWorker:
     agent_cls: type[MooncakeAgent] = MooncakeAgent
 
-    def __init__(self, *, engine_id: str, role: str, options: MooncakeOptions, ranks: Ranks, geometry: KVGeometry,
+    def __init__(self, *, engine_id: str, role: str, options: MooncakeOptions, ranks: RankCoords, geometry: KVGeometry,
                  num_blocks: int, layer_groups: dict[str, int]):
         self.is_producer = role in ("kv_producer", "kv_both")
         self.is_consumer = role in ("kv_consumer", "kv_both")

@@ -11,13 +11,15 @@ same object, and engines of any TP size share the objects.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import msgspec
 
 from ascend_core.upstream import mla_ratio
-from ascend_kv_transfer.pool.keys import RankCoords, pool_namespace
-from ascend_kv_transfer.vllm_config_info import kv_geometry, layer_groups
+from ascend_kv_transfer.pool.keys import pool_namespace
+from ascend_kv_transfer.ranks import RankCoords
+from ascend_kv_transfer.vllm_config_info import engine_ranks, kv_geometry, layer_groups, worker_ranks
 
 
 def _layer_specs(spec: Any) -> list[Any]:
@@ -87,24 +89,16 @@ def namespace(vllm_config: Any, kv_cache_config: Any, model_key: str, block_toke
 
 def engine_rank_sizes(vllm_config: Any, *, replicated: bool = False) -> RankCoords:
     """Rank 0 of an engine with this config's parallel sizes (`all_ranks()` lists every rank whose objects a block
-    needs); with TP-replicated KV the TP ranks count as one."""
-    parallel = vllm_config.parallel_config
-    return RankCoords(tp_size=1 if replicated else int(parallel.tensor_parallel_size),
-                      pp_size=int(parallel.pipeline_parallel_size),
-                      pcp_size=int(getattr(parallel, "prefill_context_parallel_size", 1) or 1),
-                      dcp_size=int(getattr(parallel, "decode_context_parallel_size", 1) or 1))
+    needs); with TP-replicated KV the TP ranks count as one. No DP rank: DP engines share the pool's objects."""
+    sizes = dataclasses.replace(engine_ranks(vllm_config), dp_rank=0)
+    return sizes.tp_collapsed() if replicated else sizes
 
 
 def worker_rank(vllm_config: Any, *, replicated: bool = False) -> RankCoords:
     """This worker's coordinates in the keys, read from vLLM's initialised process groups (TP rank 0 of 1 for every
     TP rank when the KV is TP-replicated)."""
-    from vllm.distributed.parallel_state import get_dcp_group, get_pcp_group, get_pp_group, get_tp_group
-
-    sizes = engine_rank_sizes(vllm_config, replicated=replicated)
-    return RankCoords(tp_rank=0 if replicated else get_tp_group().rank_in_group, tp_size=sizes.tp_size,
-                      pp_rank=get_pp_group().rank_in_group, pp_size=sizes.pp_size,
-                      pcp_rank=get_pcp_group().rank_in_group if sizes.pcp_size > 1 else 0, pcp_size=sizes.pcp_size,
-                      dcp_rank=get_dcp_group().rank_in_group if sizes.dcp_size > 1 else 0, dcp_size=sizes.dcp_size)
+    rank = dataclasses.replace(worker_ranks(vllm_config), dp_rank=0)
+    return rank.tp_collapsed() if replicated else rank
 
 
 def saves_objects(replicated: bool) -> bool:

@@ -15,8 +15,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ascend_kv_transfer.pool.block_hashes import RequestHashes
-from ascend_kv_transfer.pool.keys import PoolKeys, RankCoords
+from ascend_kv_transfer.pool.keys import PoolKeys
 from ascend_kv_transfer.pool.store_client import StoreClient
+from ascend_kv_transfer.ranks import RankCoords
 
 logger = logging.getLogger(__name__)
 

@@ -20,9 +20,10 @@ from typing import Any
 
 from ascend_kv_transfer.kv_regions import describe_kv_caches
 from ascend_kv_transfer.pool.block_layout import BlockLayout
-from ascend_kv_transfer.pool.keys import PoolKeys, RankCoords
+from ascend_kv_transfer.pool.keys import PoolKeys
 from ascend_kv_transfer.pool.scheduler_side import PoolStep, PoolTransfer
 from ascend_kv_transfer.pool.store_client import OBJECT_ALREADY_EXISTS, StoreClient, code_name
+from ascend_kv_transfer.ranks import RankCoords
 
 logger = logging.getLogger(__name__)
 
