@@ -26,8 +26,12 @@ pytestmark = pytest.mark.engine
 
 MAX_TOKENS = 12
 # Inside a block, across one, chunked (64-token budget); 124 crosses the 128-token block edge while decoding, 131 in
-# its prefill (chunks 64 + 64 + 3). Our engines run 128-token blocks (the suite's ENGINE), DeepSeek's MLA too.
+# its prefill (chunks 64 + 64 + 3). Our engines run 128-token blocks (the suite's ENGINE), DeepSeek's MLA too: its
+# engines leave block_size to the Ascend policy (128), since in this lane vLLM's CPU policy replaces a block size the
+# user sets for an MLA model by 16 (its CPU MLA kernel's) on hosts without AMX.
 PROMPT_LENGTHS = (5, 33, 70, 124, 131)
+KV_BLOCK_SIZE = 128
+KV_GROUPS_PROBE = "ascend_testkit.kv_probes:kv_groups"
 # The twins in float32 on vLLM's CPU platform; DeepSeek's with vLLM's native rotary (its CPU rotary kernel
 # mis-rotates MLA's 3-D queries) and its reference CPU_MLA backend named (AMX hosts would pick AMX_MLA, bf16 only).
 TWIN_ENGINE = dict(dtype="float32", max_model_len=256, enforce_eager=True, max_num_seqs=4, seed=0)
@@ -75,6 +79,8 @@ class MoeQuantRuns(EngineRuns):
             return self._run_twin(model)
         host = self.hosts(host_name)
         engine = dict(self.hosts.engine)
+        if model.startswith("deepseek"):
+            del engine["block_size"]
         engine["additional_config"] = {"kernel_checks": True} | (
             {"kernel_backend": "npu"} if host_name == "npu" else {})
         host.start(self.checkpoints[model]["quantized"], **engine)
@@ -88,7 +94,8 @@ class MoeQuantRuns(EngineRuns):
                     "npu_ops": {k: v for k, v in npu_ops.items() if v}, "facts": after["facts"],
                     "fallbacks": {k: v - before["fallbacks"].get(k, 0) for k, v in after["fallbacks"].items()
                                   if v != before["fallbacks"].get(k, 0)},
-                    "fallback_reasons": after["fallback_reasons"], "experts": host.rpc(EXPERTS_PROBE)[0]}
+                    "fallback_reasons": after["fallback_reasons"], "experts": host.rpc(EXPERTS_PROBE)[0],
+                    "kv_block_sizes": [g["block_size"] for g in host.rpc(KV_GROUPS_PROBE)[0]]}
         finally:
             host.stop()
 
@@ -115,6 +122,7 @@ def test_quantized_moe_matches_plain_vllm_cpu_on_the_dequantized_twin(moe_runs, 
     and shared-expert layers, against the same integers made float in vLLM's own CPU model."""
     ours, twin = moe_runs[(runner, model)], moe_runs[("cpu", model)]
     assert ours["facts"]["runner"] == runner
+    assert ours["kv_block_sizes"] == [KV_BLOCK_SIZE]  # the prompts cross a block edge
     assert "kernels.fused_moe_quant" in ours["counts"]
     check_logprobs_close(ours["outputs"], twin["outputs"], name_0=f"ascend {runner}", name_1="vLLM CPU (twin)")
 
