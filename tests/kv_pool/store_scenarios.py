@@ -105,7 +105,7 @@ def drain(worker: PoolWorker, want_recv: set[str] = frozenset(), want_send: set[
         s, r = worker.get_finished()
         sent |= s
         recv |= r
-        invalid |= worker.take_invalid_blocks()
+        invalid |= worker.load_failures.take_invalid_blocks()
         time.sleep(0.01)
     return sent, recv, invalid
 

@@ -154,7 +154,7 @@ def ragged_case(out):
     worker.start_step(P2PStep(recv={"req-r": RecvJob("t-r", (HOST, 26900), "prefill-tp3", [[4, 5]],
                                                      remote_tp_size=3)}))
     sending, recving = worker.get_finished()
-    out["ragged"] = {"recving": sorted(recving), "invalid": sorted(worker.take_invalid_blocks()),
+    out["ragged"] = {"recving": sorted(recving), "invalid": sorted(worker.load_failures.take_invalid_blocks()),
                      "error": worker.pulled["req-r"].error, "pulls_failed": worker.stats()["pulls_failed"]}
     worker.shutdown()
 

@@ -95,10 +95,10 @@ class AscendMooncakeConnector(SplitRoleConnector):
         assert self._worker is not None
         sending, recving = self._worker.get_finished()
         return transfer_results(finished_sending=sending, finished_recving=recving,
-                                failed_recving=self._worker.take_failed_reqs())
+                                failed_recving=self._worker.load_failures.take_failed_reqs())
 
     def get_block_ids_with_load_errors(self) -> set[int]:
-        return self._worker.take_invalid_blocks() if self._worker is not None else set()
+        return self._worker.load_failures.take_invalid_blocks() if self._worker is not None else set()
 
     def get_kv_connector_stats(self) -> AscendKVConnectorStats | None:
         return self._deltas.take(self._worker.stats()) if self._worker is not None else None

@@ -18,6 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from ascend_kv_transfer.kv_regions import KVRegions, describe_kv_caches
+from ascend_kv_transfer.load_failures import LoadFailures
 from ascend_kv_transfer.options import MooncakeOptions
 from ascend_kv_transfer.p2p.agent import MooncakeAgent
 from ascend_kv_transfer.p2p.handoff import Handoff, PullHandoff, PullResult
@@ -55,8 +56,7 @@ class P2PWorker:
             if self._pool is not None else None
         self.registrations = 0
         self._regions: KVRegions | None = None
-        self._invalid_blocks: set[int] = set()
-        self._failed_reqs: set[str] = set()
+        self.load_failures = LoadFailures(self.num_groups)
         # The most recent pulls per request, for stats and tests (bounded: engines run for weeks).
         self.pulled: OrderedDict[str, PullResult] = OrderedDict()
 
@@ -153,20 +153,9 @@ class P2PWorker:
             while len(self.pulled) > _RECENT_PULLS:
                 self.pulled.popitem(last=False)
             if not result.ok:
-                if self.num_groups > 1:  # block ids repeat across groups: report the request instead
-                    self._failed_reqs.add(req_id)
-                else:
-                    self._invalid_blocks.update(b for ids in local_block_ids for b in ids)
+                self.load_failures.record(req_id, (b for ids in local_block_ids for b in ids))
         sending = self.agent.take_finished_sends() if self.is_producer else set()
         return sending, recving
-
-    def take_failed_reqs(self) -> set[str]:
-        failed, self._failed_reqs = self._failed_reqs, set()
-        return failed
-
-    def take_invalid_blocks(self) -> set[int]:
-        invalid, self._invalid_blocks = self._invalid_blocks, set()
-        return invalid
 
     def stats(self) -> dict[str, Any]:
         out = self.agent.stats.as_dict() | {

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ascend_kv_transfer.kv_regions import describe_kv_caches
+from ascend_kv_transfer.load_failures import LoadFailures
 from ascend_kv_transfer.pool.block_layout import BlockLayout
 from ascend_kv_transfer.pool.keys import PoolKeys
 from ascend_kv_transfer.pool.scheduler_side import PoolStep, PoolTransfer
@@ -89,8 +90,7 @@ class PoolWorker:
         self._finished_sending: set[str] = set()
         self._loads_in_flight = 0
         self._idle = False
-        self._invalid_blocks: set[int] = set()
-        self._failed_reqs: set[str] = set()
+        self.load_failures = LoadFailures(len(self.groups))
 
     @property
     def groups(self) -> list[int]:
@@ -305,22 +305,10 @@ class PoolWorker:
                 break
             wait = 0.0
             recving.add(result.req_id)
-            if any(result.failed_block_ids):
-                if len(self.groups) > 1:  # block ids repeat across groups: report the request instead
-                    self._failed_reqs.add(result.req_id)
-                else:
-                    self._invalid_blocks.update(result.failed_block_ids[0])
+            self.load_failures.record(result.req_id, (b for ids in result.failed_block_ids for b in ids))
         with self._lock:
             sending, self._finished_sending = self._finished_sending, set()
         return sending, recving
-
-    def take_invalid_blocks(self) -> set[int]:
-        invalid, self._invalid_blocks = self._invalid_blocks, set()
-        return invalid
-
-    def take_failed_reqs(self) -> set[str]:
-        failed, self._failed_reqs = self._failed_reqs, set()
-        return failed
 
     def stats_dict(self) -> dict[str, Any]:
         with self._lock:
