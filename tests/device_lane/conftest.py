@@ -7,8 +7,8 @@ engines one after another (`device_engines.py`) and reporting, per engine, what 
 graph counters, its KV sizing (from vLLM's log) and what it generated:
 * device: V1 at two memory utilizations (KV sizing), MRV2 with ACL graphs (compiled pieces) then asleep at levels 1
   and 2;
-* device TP=2: MRV2 with ACL graphs over two emulated cards and the emulated HCCL group, then DeepSeek-V2 MLA on
-  MRV2 with ACL graphs;
+* device TP=2: MRV2, then V1, with ACL graphs over two emulated cards and the emulated HCCL group, then
+  DeepSeek-V2 MLA on MRV2 with ACL graphs;
 * simulated: the same V1, MRV2 and MLA engines;
 * `ascend-vllm serve` on the device lane (`lane_runs.serve`; its engine core in the server process, as the serving
   suites run theirs), answering while the others run.
@@ -59,6 +59,7 @@ def plans(llama: Path, mla: Path) -> dict[str, list[dict]]:
                    _engine("v1", llama, "v1", eager | {"gpu_memory_utilization": UTILIZATIONS[1]}),
                    _engine("v2_graphs", llama, "v2", graphs | {"enable_sleep_mode": True}, sleep_levels=[1, 2])],
         "device_tp2": [_engine("tp2", llama, "v2", graphs | {"tensor_parallel_size": 2}),
+                       _engine("tp2_v1", llama, "v1", graphs | {"tensor_parallel_size": 2}),
                        _engine("mla", mla, "v2", MLA | GRAPHS, prompts=MLA_PROMPTS)],
         # The same engines in the simulated lane (its graph policy records eager "graphs"; the tokens are the point).
         "simulated": [_engine("v1", llama, "v1", eager | {"gpu_memory_utilization": UTILIZATIONS[1]}),
@@ -72,23 +73,25 @@ def device_env(cache_root: Path) -> dict[str, str]:
     from ascend_testkit.engine.env import vllm_cache_root
     from ascend_testkit.reach.collect import reach_env
 
-    # The shared model-info cache spares vLLM's inspection subprocess (10-30 s per model class here).
-    env = npu_runtime.process_env()
+    # tests/reach counts what these engines ran (the device-lane modules); its PYTHONPATH entry comes first, as the
+    # emulated runtime's start-up hook is added to whatever PYTHONPATH the environment has.
+    env = npu_runtime.process_env(dict(os.environ) | reach_env())
     env.pop("ASCEND_TESTKIT_TORCH_NPU", None)
+    # The shared model-info cache spares vLLM's inspection subprocess (10-30 s per model class here).
     env.update({"ASCEND_TESTKIT_NPU_MEMORY": str(CAPACITY), "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
                 "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
                 "VLLM_CACHE_ROOT": str(vllm_cache_root(cache_root / "vllm-device-lane"))})
-    env.update(reach_env())  # tests/reach counts what these engines ran (the device-lane modules)
     return env
 
 
 def simulated_env(cache_root: Path) -> dict[str, str]:
     """The same engines in the simulated lane: what the device lane is compared with."""
+    from ascend_testkit.reach.collect import reach_env
+
     env = device_env(cache_root)
     for key in ("ASCEND_TESTKIT_NPU_RUNTIME", "ASCEND_TESTKIT_NPU_MEMORY", "PYTHONPATH"):
         env.pop(key, None)
-    if os.environ.get("PYTHONPATH"):
-        env["PYTHONPATH"] = os.environ["PYTHONPATH"]
+    env.update({k: v for k, v in (dict(os.environ) | reach_env()).items() if k == "PYTHONPATH"})
     env.update(ASCEND_VLLM_SIMULATE="1", VLLM_CPU_KVCACHE_SPACE="1")
     return env
 

@@ -121,13 +121,15 @@ def test_deepseek_mla_on_the_device_lane(lane_runs):
     assert sum(v for k, v in _graph_counts(usage).items() if k.startswith("graph.replay.")) > 0
 
 
-def test_tp2_over_the_emulated_hccl_group(lane_runs):
-    """Two NPU workers on npu:0 and npu:1, their collectives over the emulated HCCL group (inside the ACL graphs too),
-    against the simulated lane's single rank."""
-    device = _ok(lane_runs.device["tp2"])
-    _close(device, _ok(lane_runs.simulated["v2_graphs"]), "TP=2")
+@pytest.mark.parametrize(("engine", "runner", "reference"), [("tp2", 2, "v2_graphs"), ("tp2_v1", 1, "v1")])
+def test_tp2_over_the_emulated_hccl_group(lane_runs, engine, runner, reference):
+    """Two NPU workers on npu:0 and npu:1, their collectives over the emulated HCCL group (inside the ACL graphs too;
+    V1 captures inside vLLM's graph_capture context of the TP group), against the simulated lane's single rank."""
+    device = _ok(lane_runs.device[engine])
+    _close(device, _ok(lane_runs.simulated[reference]), f"TP=2, runner V{runner}")
     assert [u["facts"]["worker_device"] for u in device["usage"]] == ["npu:0", "npu:1"]
     for usage in device["usage"]:
+        assert usage["facts"]["runner_class"] == RUNNERS.format(runner, "NPU", runner)
         assert sum(v for k, v in _graph_counts(usage).items() if k.startswith("graph.replay.")) > 0
 
 

@@ -219,3 +219,16 @@ NPU_MRV2_NO_UVA = REGISTRY.register(Patch(
              "UvaBufferPool and StagedWriteTensor are built, and uses NonUvaBuffer (explicit copies) when it is "
              "false.",
 ))
+NPU_GROUP_GRAPH_CAPTURE = REGISTRY.register(Patch(
+    name="worker.npu_group_graph_capture",
+    target="vllm.distributed.parallel_state:GroupCoordinator.graph_capture",
+    reason="vLLM's GroupCoordinator.graph_capture asserts a CUDA or XPU device communicator (to enter their custom "
+           "all-reduce capture contexts) whenever the group has one, i.e. whenever TP/PP/DP > 1: V1's capture_model "
+           "on an NPU with TP=2 stopped there (found by the emulated NPU runtime). An NPU group's collectives go "
+           "through HCCL, which ACL graphs capture as they are: the replacement keeps the capture stream handling "
+           "only. Applied for the NPU worker's process; undone at the worker's shutdown.",
+    contract="GroupCoordinator.graph_capture(self, graph_capture_context=None) is a context manager yielding a "
+             "GraphCaptureContext(stream) with the stream made current (after it waited for the current stream); "
+             "vllm.distributed.parallel_state.graph_capture(device) enters it for the TP, PP and DP groups.",
+    params=("graph_capture_context",),
+))

@@ -36,9 +36,11 @@ class NPUWorker(AscendWorkerMixin, Worker):
 
         from ascend_platform.platform import NPUPlatform
         from ascend_platform.worker.npu_cuda_bridge import bridge_cuda_streams_to_npu
+        from ascend_platform.worker.npu_group_capture import capture_groups_on_npu_streams
         from ascend_platform.worker.npu_mrv2_buffers import stage_mrv2_inputs_by_copy
 
-        self._process_patches = [*bridge_cuda_streams_to_npu(), stage_mrv2_inputs_by_copy()]
+        self._process_patches = [*bridge_cuda_streams_to_npu(), stage_mrv2_inputs_by_copy(),
+                                 capture_groups_on_npu_streams()]
         self.device = torch.device(NPUPlatform.device_type, self.local_rank)
         NPUPlatform.set_device(self.device)
         usage.note("worker_device", str(self.device))
