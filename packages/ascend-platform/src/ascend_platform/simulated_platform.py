@@ -45,8 +45,13 @@ class SimulatedNPUPlatform(AscendPlatformBase, CpuPlatform):
 
     @classmethod
     def _update_device_config(cls, vllm_config: VllmConfig) -> None:
-        # vLLM's CPU policy for the CPU device: KV space from VLLM_CPU_KVCACHE_SPACE, mp executor, worker env.
+        # vLLM's CPU policy for the CPU device: KV space from VLLM_CPU_KVCACHE_SPACE, mp executor, worker env. Not its
+        # block size: that is for vLLM's CPU attention kernels, which this lane never runs (on a host without AMX it
+        # forces 16 on every MLA model, a user's 128 included); the Ascend policy decides it after this.
+        cache = vllm_config.cache_config
+        block_size, user_specified = cache.block_size, cache.user_specified_block_size
         CpuPlatform.check_and_update_config.__func__(cls, vllm_config)
+        cache.block_size, cache.user_specified_block_size = block_size, user_specified
         cls.kernel_backend(ascend_config_of(vllm_config))
         from ascend_platform.simulated.mrv2_lane import check_runner_request
 

@@ -71,6 +71,42 @@ def test_block_size_from_config_and_user_wins(make_config):
     assert cfg.cache_config.block_size == 32
 
 
+_MLA_BLOCK_SIZES = r"""
+import json, sys, torch
+torch.cpu._is_amx_tile_supported = lambda: False  # a host without AMX tiles, whatever this one has
+from vllm.engine.arg_utils import EngineArgs
+sizes = {}
+for asked in (None, 64, 128):
+    extra = {} if asked is None else {"block_size": asked}
+    cfg = EngineArgs(model=sys.argv[1], dtype="float32", max_model_len=256, max_num_seqs=4, enforce_eager=True,
+                     **extra).create_engine_config()
+    sizes[str(asked)] = [cfg.cache_config.block_size, cfg.model_config.use_mla]
+print("SIZES " + json.dumps(sizes))
+"""
+
+
+def test_an_mla_models_block_size_is_the_ascend_policys_on_any_host(tmp_path_factory, restore_environ):
+    """vLLM's CPU policy, which the simulated lane reuses for the CPU device, forces 16-token blocks on every MLA
+    model on a host without AMX tiles (for its reference CPU_MLA kernel), a user's choice included. This lane never
+    runs that kernel: the block size stays the user's, else the Ascend default (a process of the simulated lane, so
+    vLLM's own config construction calls our platform; AMX reported absent, so the CPU policy takes that path)."""
+    import json
+    import subprocess
+    import sys
+
+    from ascend_testkit.models.deepseek import TinyDeepseekSpec, cached_tiny_deepseek
+
+    cache = os.environ.get("ASCEND_VLLM_CACHE")
+    model = cached_tiny_deepseek(TinyDeepseekSpec(), f"{cache}/models" if cache else tmp_path_factory.mktemp("m"))
+    env = dict(os.environ, ASCEND_VLLM_SIMULATE="1", HF_HUB_OFFLINE="1", VLLM_CPU_KVCACHE_SPACE="1")
+    out = subprocess.run([sys.executable, "-c", _MLA_BLOCK_SIZES, str(model)], env=env, capture_output=True,
+                         text=True, timeout=300)
+    lines = [line for line in out.stdout.splitlines() if line.startswith("SIZES ")]
+    assert out.returncode == 0 and lines, out.stderr[-3000:]
+    assert json.loads(lines[-1].removeprefix("SIZES ")) == {"None": [128, True], "64": [64, True],
+                                                              "128": [128, True]}
+
+
 def test_device_lane_graph_mode_and_capture_sizes(make_config):
     from vllm.config import CUDAGraphMode
 
