@@ -33,6 +33,14 @@ def _torch_npu():
     return importlib.import_module("torch_npu")
 
 
+def load_torch_npu() -> None:
+    """Import torch_npu now: the registry calls this when the npu backend is selected, so that a binding traced into
+    a compiled graph (vLLM compiles the model around its attention op) finds it imported (see `_npu`), and its
+    fallbacks are counted when traced."""
+    _torch_npu()
+    npu_usage.count_traced_fallbacks()
+
+
 class _CountedTorchNpu:
     """torch_npu as the bindings call it (`_npu().npu_rms_norm(...)`, `_npu().atb.npu_paged_cache_load(...)`):
     each call is recorded in npu_usage under the op's own name; the call sites stay plain torch_npu calls, which the
@@ -53,7 +61,14 @@ class _CountedTorchNpu:
         return counted
 
 
-def _npu() -> _CountedTorchNpu:
+def _npu():
+    if torch.compiler.is_compiling():
+        # Traced into a compiled graph: the torch_npu ops go into it as they are (a graph replay runs no Python, so
+        # there is no per-call count to keep). Neither the counting wrapper (a lock, a closure) nor the cached
+        # importlib loader traces; an import of the module the backend's selection imported is a lookup there.
+        import torch_npu
+
+        return torch_npu
     return _CountedTorchNpu(_torch_npu())
 
 
@@ -214,12 +229,14 @@ def rotary_embedding(positions, query, key, cos_sin_cache, *, head_size, rotary_
     t = positions.shape[0]
     # The ATB rope rotates dense [tokens, heads*dim] rows in place; q/k split from a fused qkv projection are strided
     # views, rotated as dense copies and written back.
+    # (A contiguous q or k is rotated in place: `.contiguous()` returns it. Strides, not data pointers, decide, which
+    # a trace into a compiled graph can follow.)
     q2 = query.contiguous().view(t, -1)
     k2 = key.contiguous().view(t, -1) if key is not None else torch.empty_like(q2)
     _npu()._npu_rotary_embedding(positions, q2, k2, head_size, cos_sin_cache.to(query.dtype), is_neox)
-    if q2.data_ptr() != query.data_ptr():
+    if not query.is_contiguous():
         query.copy_(q2.view(query.shape))
-    if key is not None and k2.data_ptr() != key.data_ptr():
+    if key is not None and not key.is_contiguous():
         key.copy_(k2.view(key.shape))
     return query, key
 

@@ -12,6 +12,8 @@ import collections
 import logging
 import threading
 
+import torch
+
 logger = logging.getLogger(__name__)
 
 _LOCK = threading.Lock()
@@ -62,7 +64,31 @@ def record_call(torch_npu_op: str) -> None:
         _CALLS[torch_npu_op] += 1
 
 
+_TRACED: list = []  # [the traced-fallback recorder], made when the npu backend loads (`count_traced_fallbacks`)
+
+
 def record_fallback(facade_op: str, reason: str) -> None:
+    if _TRACED and torch.compiler.is_compiling():
+        _TRACED[0](facade_op, reason)
+        return
+    _record_fallback(facade_op, reason)
+
+
+def count_traced_fallbacks() -> None:
+    """A fallback decided while a binding is traced into a compiled graph (its conditions are the trace's static
+    shapes and settings) is counted once, when traced: a graph replay runs no Python. The recorder runs at trace time
+    (`assume_constant_result`); made when the npu backend loads, since the decorator imports torch's compiler stack
+    (and with it Triton), which importing this package must not."""
+    if not _TRACED:
+
+        def traced(facade_op: str, reason: str) -> bool:
+            _record_fallback(facade_op, reason)
+            return True
+
+        _TRACED.append(torch.compiler.assume_constant_result(traced))
+
+
+def _record_fallback(facade_op: str, reason: str) -> None:
     with _LOCK:
         _FALLBACKS[facade_op] += 1
         first = facade_op not in _REASONS

@@ -45,6 +45,9 @@ def _load_npu() -> Backend:
     status = torch_npu_status()
     if not status.usable:
         raise BackendUnavailableError(f"kernel backend 'npu' is unavailable: {status.reason}")
+    from ascend_kernels.npu_backend import load_torch_npu
+
+    load_torch_npu()
     return Backend(name="npu", ops=op_registry.backend_impls("npu"),
                    implementations={name: b.target for name, b in op_registry.npu_bindings().items()})
 
