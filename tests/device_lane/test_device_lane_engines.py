@@ -75,6 +75,20 @@ def test_mrv2_with_acl_graphs_generates_what_the_simulated_lane_does(lane_runs):
     assert device["usage"][0]["facts"]["triton"] == "interpreter"  # triton-ascend's place on the emulated card
 
 
+def test_acl_graphs_on_the_npu_kernels_generate_what_they_do_eagerly(lane_runs):
+    """The device's own kernels (the npu backend over the schema-faithful torch_npu) in ACL graphs: their bindings
+    traced into vLLM's compiled pieces (norms, activation, rotary), torch_npu's attention as the opaque op between
+    them; the same tokens as the same kernels run eagerly, nothing falling back."""
+    graphs, eager = _ok(lane_runs.device["v2_graphs_npu"]), _ok(lane_runs.device["v2_npu"])
+    check_logprobs_close(graphs["outputs"], eager["outputs"], name_0="ACL graphs (npu kernels)", name_1="eager")
+    for facts in (graphs, eager):
+        usage = facts["usage"][0]
+        assert usage["facts"]["kernel_backend"] == "npu" and usage["fallbacks"] == {}, usage["fallback_reasons"]
+        assert usage["npu_ops"].get("npu_fused_infer_attention_score_v2", 0) > 0, usage["npu_ops"]
+    replays = sum(v for k, v in _graph_counts(graphs["usage"][0]).items() if k.startswith("graph.replay."))
+    assert replays > 0 and graphs["card_generated"]["graphs"]["replay"] == replays
+
+
 def test_acl_graphs_follow_the_capture_plan_and_are_replayed(lane_runs):
     """vLLM compiles the model into pieces split at attention (opaque op); each piece is one AclGraphWrapper, which
     captures an ACL graph per planned size (PIECEWISE, sizes 4, 2, 1) and replays it for every uniform decode step;
