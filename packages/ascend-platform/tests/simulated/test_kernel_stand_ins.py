@@ -49,6 +49,20 @@ INTERPRETER_FAILURES = {
 }
 
 
+# MRV2's logits processors and logprob kernels a request can ask for (logits_kernel_cases.py): each held to vLLM's
+# own kernel run in the interpreter, never to a naive formulation.
+LOGITS_CASES = ("logit_bias", "logit_bias_restore_all_masked", "bad_words", "prompt_logprobs_token_ids",
+                "logprob_token_ids", "logprob_token_ids_without_topk", "penalties_and_bincount")
+
+
+def test_logits_processor_and_logprob_stand_ins_are_held_to_vllms_kernels(parity):
+    assert set(LOGITS_CASES) <= set(parity["report"])
+    assert not {f"case_{case}" for case in LOGITS_CASES} & set(parity["upstream_failed"])
+    for case in ("logit_bias", "logit_bias_restore_all_masked", "bad_words", "penalties_and_bincount"):
+        assert parity["report"][case]["logits"] == "equal", case  # masks and biases are exact, not close
+    assert parity["report"]["prompt_logprobs_token_ids"] == {"token_ids": "equal"}
+
+
 def test_kernels_reach_tritons_library_through_the_bridge(parity):
     assert parity["triton_library"] == {"interpreted": False, "ready": True}
 

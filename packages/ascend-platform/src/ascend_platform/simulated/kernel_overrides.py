@@ -5,9 +5,11 @@ With Triton's interpreter on (`triton_interpreter`), every Triton launch runs ea
 launches on ordinary steps are replaced by torch / `ascend_kernels` stand-ins (`mrv2_kernels`), exactly where a
 device build plugs in its own: the platform hook `register_triton_kernel_overrides`, which vLLM calls in each worker
 before the runner exists, handing the table to `vllm.triton_utils.dispatcher.register_kernels`. Speculative
-decoding's drafting kernels are `mrv2_kernels.spec_decode`'s. Kernels not listed (spec-decode rejection of sampled
-drafts, thinking budget, watermarking, prompt logprobs, logit bias/bad words, Mamba, PCP) still run in the
-interpreter: slow, and where Triton 3.9's interpreter cannot run a kernel, failing.
+decoding's drafting kernels are `mrv2_kernels.spec_decode`'s. The logits processors a request can ask for (penalties,
+logit bias / allowed tokens / min tokens, bad words) and the logprob kernels (top-k and prompt logprobs, explicit
+logprob token ids) are replaced too. Kernels not listed (spec-decode rejection of sampled drafts, thinking budget,
+watermarking, trace replay, NaN counting, Mamba, PCP) still run in the interpreter: slow, and where Triton 3.9's
+interpreter cannot run a kernel, failing.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from ascend_platform import usage
 from ascend_platform.ops import sampling_filter
 from ascend_platform.patches import REGISTRY
 from ascend_platform.simulated import triton_interpreter
-from ascend_platform.simulated.mrv2_kernels import batch, sampling, spec_decode
+from ascend_platform.simulated.mrv2_kernels import batch, logits_processors, sampling, spec_decode
 
 logger = init_logger(__name__)
 
@@ -62,6 +64,13 @@ STAND_INS: tuple[StandIn, ...] = (
     StandIn(sampling_filter.TRITON_FILTER, sampling_filter.top_k_top_p, "top_k / top_p"),
     StandIn(f"{_GPU}.structured_outputs._apply_grammar_bitmask_kernel", sampling.grammar_bitmask,
             "structured-output requests"),
+    StandIn(f"{_GPU}.sample.logit_bias._bias_kernel", logits_processors.logit_bias,
+            "logit_bias, allowed_token_ids or min_tokens"),
+    StandIn(f"{_GPU}.sample.bad_words._bad_words_kernel", logits_processors.bad_words, "bad_words"),
+    StandIn(f"{_GPU}.sample.prompt_logprob._prompt_logprobs_token_ids_kernel", sampling.prompt_logprobs_token_ids,
+            "prompt_logprobs"),
+    StandIn(f"{_GPU}.sample.logprob._fill_logprob_token_ids_kernel", sampling.fill_logprob_token_ids,
+            "logprob_token_ids"),
 ) + tuple(StandIn(kernel, impl, when) for kernel, impl, when in spec_decode.KERNELS)
 # Not a kernel launch but the same per-step work: `SimulatedBlockTables` (mrv2_kernels.block_tables) replaces
 # `_gather_block_tables_kernel` and `_compute_slot_mappings_kernel` (raw pointer tables, grid-sized work).

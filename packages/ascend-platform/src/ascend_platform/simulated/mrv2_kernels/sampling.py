@@ -12,7 +12,7 @@ import torch
 
 from ascend_platform import usage
 from ascend_platform.facade import kernel_ops
-from ascend_platform.simulated.mrv2_kernels.common import flat, unpack_bits
+from ascend_platform.simulated.mrv2_kernels.common import flat, rows_of, unpack_bits
 
 _DRAFT_NOISE_SALT = 1 << 30  # vLLM's offset keeping a draft's noise apart from the target's
 
@@ -152,3 +152,51 @@ def grammar_bitmask(logits_ptr, logits_stride, logits_indices_ptr, cu_num_logits
     forbidden = ~unpack_bits(bitmask_ptr[active, :words], vocab_size)
     view = logits_ptr[:, :vocab_size]
     view[rows] = view[rows].masked_fill(forbidden, float("-inf"))
+
+
+def prompt_logprobs_token_ids(prompt_logprobs_token_ids_ptr, query_start_loc_ptr, idx_mapping_ptr,
+                              num_computed_tokens_ptr, all_token_ids_ptr, all_token_ids_stride, BLOCK_SIZE=None,
+                              **_launch):
+    """`_prompt_logprobs_token_ids_kernel`: the token each scheduled prompt position predicts (the one after it in
+    the request's history). The last position of a request reads one past its scheduled tokens, as the kernel
+    does (whatever the history holds there; vLLM drops that row unless the prompt continues)."""
+    nr = idx_mapping_ptr.shape[0]
+    if nr == 0:
+        return
+    qsl = query_start_loc_ptr[: nr + 1].long()
+    lens = qsl[1:] - qsl[:-1]
+    total = int(lens.sum())
+    if total == 0:
+        return
+    seg, offset = rows_of(lens, total)
+    reqs = idx_mapping_ptr.long()[seg]
+    history = flat(all_token_ids_ptr)
+    index = reqs * all_token_ids_stride + flat(num_computed_tokens_ptr)[reqs].long() + 1 + offset
+    out = flat(prompt_logprobs_token_ids_ptr)
+    out[qsl[seg] + offset] = history[index.clamp(max=history.numel() - 1)].to(out.dtype)
+
+
+def fill_logprob_token_ids(out_token_ids_ptr, out_token_ids_stride, out_valid_mask_ptr, out_valid_mask_stride,
+                           sampled_token_ids_ptr, topk_indices_ptr, topk_indices_stride, expanded_idx_mapping_ptr,
+                           num_per_req_token_ids_ptr, per_req_token_ids_ptr, per_req_token_ids_stride,
+                           NUM_TOPK=0, PADDED_COLS=None, **_launch):
+    """`_fill_logprob_token_ids_kernel`: column 0 the sampled token; then a request's own `logprob_token_ids` when
+    it gave some, else the top-k ids; the valid mask marks what was written."""
+    rows = out_token_ids_ptr.shape[0]
+    cols = out_token_ids_ptr.shape[1] - 1
+    out_token_ids_ptr[:, 0] = sampled_token_ids_ptr[:rows].to(out_token_ids_ptr.dtype)
+    out_valid_mask_ptr[:, 0] = True
+    if cols == 0:
+        return
+    custom = flat(num_per_req_token_ids_ptr)[expanded_idx_mapping_ptr.long()].long()
+    width = torch.where(custom > 0, custom, torch.full_like(custom, NUM_TOPK)).clamp(max=cols)
+    valid = torch.arange(cols, device=custom.device)[None, :] < width[:, None]
+    own = per_req_token_ids_ptr[expanded_idx_mapping_ptr.long(), :cols].long()
+    if NUM_TOPK > 0:
+        top = torch.zeros(rows, cols, dtype=torch.long, device=own.device)
+        top[:, :NUM_TOPK] = topk_indices_ptr[:rows, :NUM_TOPK].long()
+    else:
+        top = torch.zeros_like(own)
+    ids = torch.where((custom > 0)[:, None], own, top)
+    out_token_ids_ptr[:, 1:] = torch.where(valid, ids.to(out_token_ids_ptr.dtype), out_token_ids_ptr[:, 1:])
+    out_valid_mask_ptr[:, 1:] |= valid
