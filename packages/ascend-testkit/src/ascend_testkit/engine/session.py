@@ -20,14 +20,27 @@ class NoEngineError(RuntimeError):
     pass
 
 
+def _top_logprobs(steps: Sequence[Any] | None) -> list[dict[str, float] | None]:
+    """vLLM's per-position {token id: Logprob} dicts as {str(token id): logprob} (None where vLLM gives none: the
+    first prompt position)."""
+    return [None if step is None else {str(tok): lp.logprob for tok, lp in step.items()} for step in (steps or [])]
+
+
+def _completion(out: Any) -> dict[str, Any]:
+    return {"token_ids": list(out.token_ids), "text": out.text, "logprobs": _top_logprobs(out.logprobs),
+            "finish_reason": out.finish_reason}
+
+
 def _outputs(request_outputs: Sequence[Any]) -> list[dict[str, Any]]:
+    """One row per request: its first completion's fields at the top level, every completion (n > 1) under
+    "completions", and the prompt's logprobs when asked for (`prompt_logprobs`)."""
     rows = []
     for r in request_outputs:
-        out = r.outputs[0]
-        logprobs = [{str(tok): lp.logprob for tok, lp in step.items()} for step in (out.logprobs or [])]
-        rows.append({"id": r.request_id, "token_ids": list(out.token_ids), "text": out.text, "logprobs": logprobs,
-                     "finish_reason": out.finish_reason, "num_cached_tokens": r.num_cached_tokens,
-                     "kv_transfer_params": r.kv_transfer_params})
+        completions = [_completion(out) for out in sorted(r.outputs, key=lambda o: o.index)]
+        rows.append({"id": r.request_id, **completions[0], "completions": completions,
+                     "prompt_token_ids": list(r.prompt_token_ids or []),
+                     "prompt_logprobs": None if r.prompt_logprobs is None else _top_logprobs(r.prompt_logprobs),
+                     "num_cached_tokens": r.num_cached_tokens, "kv_transfer_params": r.kv_transfer_params})
     return rows
 
 
@@ -134,6 +147,12 @@ class EngineSession:
         kv = params.pop("kv_transfer_params", None)
         if kv:
             params["extra_args"] = {**params.get("extra_args", {}), "kv_transfer_params": kv}
+        if params.get("logit_bias"):  # JSON object keys arrive as strings
+            params["logit_bias"] = {int(tok): float(bias) for tok, bias in params["logit_bias"].items()}
+        if isinstance(params.get("structured_outputs"), Mapping):  # JSON over the pipe: {"json": ..., "regex": ...}
+            from vllm.sampling_params import StructuredOutputsParams
+
+            params["structured_outputs"] = StructuredOutputsParams(**params["structured_outputs"])
         return SamplingParams(**params)
 
     def generate(self, prompts: Sequence[str] | None = None, prompt_token_ids: Sequence[Sequence[int]] | None = None,

@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -34,14 +35,16 @@ class TinyModelSpec:
         return hashlib.sha256(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()[:12]
 
 
-def build_tiny_llama(path: str | os.PathLike, spec: TinyModelSpec = TinyModelSpec()) -> Path:
-    """Write a `LlamaForCausalLM` with random weights and a WordLevel tokenizer (`w0 … wN`) to `path`."""
+def build_tiny_llama(path: str | os.PathLike, spec: TinyModelSpec = TinyModelSpec(),
+                     save_tokenizer: Callable[[Path, int], None] = save_word_tokenizer) -> Path:
+    """Write a `LlamaForCausalLM` with random weights and a tokenizer (by default the WordLevel `w0 … wN`) to
+    `path`."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
-    save_word_tokenizer(path, spec.vocab_size)
+    save_tokenizer(path, spec.vocab_size)
 
     config = LlamaConfig(
         vocab_size=spec.vocab_size,
@@ -68,3 +71,13 @@ def cached_tiny_llama(spec: TinyModelSpec = TinyModelSpec(), cache_dir: str | os
     """The tiny model for `spec`, built once into the cache and reused (the folder name carries the spec's hash)."""
     folder = Path(cache_dir or default_cache_dir()) / f"tiny-llama-{spec.key()}"
     return built_once(folder, lambda tmp: build_tiny_llama(tmp, spec))
+
+
+def cached_char_llama(spec: TinyModelSpec | None = None, cache_dir: str | os.PathLike | None = None) -> Path:
+    """A tiny Llama with the character tokenizer (`char_tokenizer`: tokens that are real strings, as structured
+    output needs), built once into the cache."""
+    from ascend_testkit.models.char_tokenizer import VOCAB_SIZE, save_char_tokenizer
+
+    spec = spec or TinyModelSpec(vocab_size=VOCAB_SIZE)
+    folder = Path(cache_dir or default_cache_dir()) / f"tiny-char-llama-{spec.key()}"
+    return built_once(folder, lambda tmp: build_tiny_llama(tmp, spec, save_char_tokenizer))
