@@ -13,9 +13,11 @@ from ascend_testkit.compare import check_logprobs_close
 
 pytestmark = pytest.mark.engine
 OURS = ("v1", "mrv2")
-# Float32 logits of magnitude ~20 (the tiny model's weights are drawn wide, so its choices are clear-cut) through
-# two attention kernels (ours, vLLM CPU's) that sum in different orders: logprobs differ by up to ~1.3e-4 here.
-LOGPROB_TOL = 1e-3
+# Float32 through a model whose weights are drawn wide (clear-cut choices, large activations): on the 210-token
+# chunked prompt each engine's logprobs are within 1e-3 of a float64 transformers forward (plain vLLM CPU 9.4e-4,
+# ours 6.9e-4, measured), so the two float32 engines may differ by up to twice that; they differed by 8.1e-4 at most.
+# A wrong mask, position or chunk boundary moves logprobs by tenths or more.
+LOGPROB_TOL = 2e-3
 
 
 def _by_id(rows):
