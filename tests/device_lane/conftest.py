@@ -173,6 +173,12 @@ def lane_runs(tiny_model, cache_root, tmp_path_factory) -> LaneRuns:
     script = Path(__file__).with_name("device_engines.py")
     env = {"device": device_env(cache_root), "device_tp2": device_env(cache_root),
            "simulated": simulated_env(cache_root)}
+    # The emulated card's C++ half is built once here, before the processes below start together: on a fresh machine
+    # a process whose start-up hook met another's build in progress came up without the card (the serve process in
+    # CI: "asked for torch_npu before vLLM loaded the testkit's plugin").
+    built = subprocess.run([sys.executable, "-c", "from ascend_testkit.npu_runtime import extension; extension.load()"],
+                           env=env["device"], capture_output=True, text=True, timeout=600)
+    assert built.returncode == 0, f"the emulated NPU device did not build: {built.stderr[-3000:]}"
     procs = {}
     for name, plan in plans(tiny_model, mla).items():  # output to files: a full pipe would stall an engine
         with open(logs / f"{name}.out", "w") as out, open(logs / f"{name}.err", "w") as err:
