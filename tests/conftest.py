@@ -12,6 +12,7 @@ a temporary one (`ascend_testkit.reach`); `tests/reach` checks it after every ot
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 
@@ -185,3 +186,56 @@ def netns_host(host_pool, netns):
         return host_pool.get(f"{lane}-{runner}-cpu{cpu}-netns", lane=lane, runner=runner, netns=netns, cpus=cpu)
 
     return get
+
+
+@pytest.fixture(scope="session")
+def pd_pair(netns_host):
+    """`with pd_pair(model, name, ports, **engine) as (prefill, decode)`: a kv_producer engine on core 0 and a
+    kv_consumer engine on core 1 in the simulated lane, inside the loopback namespace, joined by
+    AscendMooncakeConnector on the side-channel `ports` (prefill, decode); both started together, stopped on exit."""
+
+    @contextlib.contextmanager
+    def pair(model, name: str, ports: tuple[int, int], **engine):
+        hosts = []
+        try:
+            for cpu, (role, port) in enumerate(zip(("kv_producer", "kv_consumer"), ports, strict=True)):
+                kv = {"kv_connector": "AscendMooncakeConnector", "kv_role": role, "engine_id": f"{name}-{role}",
+                      "kv_load_failure_policy": "recompute",
+                      "kv_connector_extra_config": {"side_channel_port": port, "abort_timeout_s": 30.0,
+                                                    "handshake_timeout_s": 5.0, "claim_wait_s": 5.0}}
+                host = netns_host("simulated", cpu)
+                host.start(str(model), wait=False, kv_transfer_config=kv, **engine)
+                hosts.append(host)
+            for host in hosts:
+                host.started()
+            yield tuple(hosts)
+        finally:
+            for host in hosts:
+                if host.alive and host.engine is not None:
+                    host.stop()
+
+    return pair
+
+
+@pytest.fixture(scope="session")
+def disaggregate():
+    """`disaggregate(prefill, decode, prompts, max_tokens, tag, sampling=None)` -> (the prefill engine's own outputs,
+    the decode engine's outputs after a remote prefill, the decode engine's connector stats); `sampling`: extra
+    sampling parameters of those two runs (e.g. logprobs). The prefill engine's prefix cache is reset between its own
+    run and the remote prefills, so the prompts are computed again."""
+
+    def run(prefill, decode, prompts: dict[str, list[int]], max_tokens: int, tag: str, sampling: dict | None = None):
+        extra = {"sampling": sampling} if sampling else {}
+        single = prefill.run_requests([{"id": f"single-{k}", "prompt_token_ids": ids, "max_tokens": max_tokens}
+                                       | extra for k, ids in prompts.items()])
+        prefill.call("reset_prefix_cache")
+        firsts = prefill.run_requests([{"id": f"p-{k}", "prompt_token_ids": ids, "max_tokens": 1,
+                                        "kv_transfer_params": {"do_remote_decode": True,
+                                                               "transfer_id": f"{tag}-{k}"}}
+                                       for k, ids in prompts.items()])
+        outs = decode.run_requests([{"id": f"d-{k}", "prompt_token_ids": ids, "max_tokens": max_tokens,
+                                     "kv_transfer_params": first["kv_transfer_params"]} | extra
+                                    for (k, ids), first in zip(prompts.items(), firsts, strict=True)])
+        return single, outs, decode.call("stats")
+
+    return run

@@ -14,8 +14,6 @@ layer passes it; the reference engine therefore runs vLLM's native rotary (`cust
 
 from __future__ import annotations
 
-import contextlib
-
 import pytest
 
 from ascend_testkit.compare import check_logprobs_close
@@ -132,56 +130,3 @@ def mla_runs(sim_v1_host, sim_host, cpu_host, mla_model, mla_prompts) -> MLARuns
 @pytest.fixture(scope="session")
 def logprobs_close():
     return check_logprobs_close
-
-
-@pytest.fixture(scope="session")
-def pd_pair(netns_host):
-    """`with pd_pair(model, name, ports, **engine) as (prefill, decode)`: a kv_producer engine on core 0 and a
-    kv_consumer engine on core 1 in the simulated lane, inside the loopback namespace, joined by
-    AscendMooncakeConnector on the side-channel `ports` (prefill, decode); both started together, stopped on exit."""
-
-    @contextlib.contextmanager
-    def pair(model, name: str, ports: tuple[int, int], **engine):
-        hosts = []
-        try:
-            for cpu, (role, port) in enumerate(zip(("kv_producer", "kv_consumer"), ports, strict=True)):
-                kv = {"kv_connector": "AscendMooncakeConnector", "kv_role": role, "engine_id": f"{name}-{role}",
-                      "kv_load_failure_policy": "recompute",
-                      "kv_connector_extra_config": {"side_channel_port": port, "abort_timeout_s": 30.0,
-                                                    "handshake_timeout_s": 5.0, "claim_wait_s": 5.0}}
-                host = netns_host("simulated", cpu)
-                host.start(str(model), wait=False, kv_transfer_config=kv, **engine)
-                hosts.append(host)
-            for host in hosts:
-                host.started()
-            yield tuple(hosts)
-        finally:
-            for host in hosts:
-                if host.alive and host.engine is not None:
-                    host.stop()
-
-    return pair
-
-
-@pytest.fixture(scope="session")
-def disaggregate():
-    """`disaggregate(prefill, decode, prompts, max_tokens, tag, sampling=None)` -> (the prefill engine's own outputs,
-    the decode engine's outputs after a remote prefill, the decode engine's connector stats); `sampling`: extra
-    sampling parameters of those two runs (e.g. logprobs). The prefill engine's prefix cache is reset between its own
-    run and the remote prefills, so the prompts are computed again."""
-
-    def run(prefill, decode, prompts: dict[str, list[int]], max_tokens: int, tag: str, sampling: dict | None = None):
-        extra = {"sampling": sampling} if sampling else {}
-        single = prefill.run_requests([{"id": f"single-{k}", "prompt_token_ids": ids, "max_tokens": max_tokens}
-                                       | extra for k, ids in prompts.items()])
-        prefill.call("reset_prefix_cache")
-        firsts = prefill.run_requests([{"id": f"p-{k}", "prompt_token_ids": ids, "max_tokens": 1,
-                                        "kv_transfer_params": {"do_remote_decode": True,
-                                                               "transfer_id": f"{tag}-{k}"}}
-                                       for k, ids in prompts.items()])
-        outs = decode.run_requests([{"id": f"d-{k}", "prompt_token_ids": ids, "max_tokens": max_tokens,
-                                     "kv_transfer_params": first["kv_transfer_params"]} | extra
-                                    for (k, ids), first in zip(prompts.items(), firsts, strict=True)])
-        return single, outs, decode.call("stats")
-
-    return run
