@@ -104,3 +104,39 @@ def test_a_module_counts_by_what_its_functions_ran_outside_imports(tmp_path):
     assert reached([module], {}, {key: helper | served | body}) == {"m": True}
     # Never imported.
     assert reached([module], {}, {}) == {"m": False}
+
+
+CLASSES = '''
+class Table:
+    def __init__(self):
+        self.rows = {}
+
+
+class Entry:
+    def __init__(self, name):
+        self.name = name
+
+    def check(self):
+        return self.name
+
+
+TABLE = Table()
+ENTRY = Entry("x")
+'''
+
+
+def test_a_class_counts_by_its_methods_and_a_declaration_by_its_import(tmp_path):
+    from ascend_testkit.reach.modules import Module, reached_classes
+
+    path = tmp_path / "classes.py"
+    path.write_text(CLASSES)
+    module, key = Module("m", path), str(path)
+    table_init, entry_init, entry_check, body = {4}, {9}, {12}, {15, 16}
+    # Built at import and nothing after: Table's only method ran at import (a declaration); Entry.check never ran.
+    assert reached_classes([module], {}, {key: table_init | entry_init | body}) == {"m:Table": True,
+                                                                                   "m:Entry": False}
+    # Entry.check ran after the import: reached.
+    assert reached_classes([module], {key: entry_check},
+                           {key: table_init | entry_init | entry_check | body})["m:Entry"] is True
+    # Never imported: neither counts.
+    assert reached_classes([module], {}, {}) == {"m:Table": False, "m:Entry": False}

@@ -65,11 +65,8 @@ class AscendRunnerV1Mixin:
 
 
 class SimulatedModelRunnerV1(AscendRunnerV1Mixin, CPUModelRunner):
-    """V1 runner on the CPU device (simulated-NPU lane)."""
-
-    def recapture_graphs(self) -> None:
-        """The CPU runner captures nothing ahead: its eager "graphs" are recorded again at their next step."""
-        usage.count("graphs.recaptured")
+    """V1 runner on the CPU device (simulated-NPU lane). vLLM's CPU runner wraps no graphs, so sleep mode releases
+    none here (`release_graphs` finds no wrapper) and never asks to capture again."""
 
 
 class NPUModelRunnerV1(AscendRunnerV1Mixin, GPUModelRunner):

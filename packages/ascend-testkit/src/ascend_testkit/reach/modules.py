@@ -50,22 +50,22 @@ class Module:
         return lines
 
 
-    def classes(self) -> dict[str, set[int]]:
-        """Qualified name -> the body lines of its methods, for every class defined in the module (nested ones too),
-        leaving out classes whose methods have no body lines (data, protocols, exceptions without methods)."""
+    def class_methods(self) -> dict[str, list[set[int]]]:
+        """Qualified name -> the body lines of each of its methods, for every class defined in the module (nested
+        ones too), leaving out classes whose methods have no body lines (data, protocols, exceptions without
+        methods)."""
         tree = ast.parse(self.path.read_text(), filename=str(self.path))
-        out: dict[str, set[int]] = {}
+        out: dict[str, list[set[int]]] = {}
 
         def visit(node: ast.AST, prefix: str) -> None:
             for child in ast.iter_child_nodes(node):
                 if isinstance(child, ast.ClassDef):
                     name = f"{prefix}{child.name}"
-                    lines = set()
-                    for item in child.body:
-                        if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                            lines |= _function_body_lines(item)
-                    if lines:
-                        out[name] = lines
+                    methods = [body for item in child.body
+                               if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef))
+                               and (body := _function_body_lines(item))]
+                    if methods:
+                        out[name] = methods
                     visit(child, f"{name}.")
                 elif isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
                     visit(child, f"{prefix}{child.name}.<locals>.")
@@ -132,14 +132,20 @@ def executed_lines(folder: str | os.PathLike, *, at_import: bool = False) -> dic
     return lines
 
 
-def reached_classes(modules: Iterable[Module], executed: dict[str, set[int]]) -> dict[str, bool]:
-    """`module:Class` -> whether one of its methods ran (a class does not count because its module's other code ran:
-    the device lane's classes once passed because their simulated neighbours did)."""
+def reached_classes(modules: Iterable[Module], executed: dict[str, set[int]],
+                    imported: dict[str, set[int]] | None = None) -> dict[str, bool]:
+    """`module:Class` -> whether one of its methods ran outside imports (`executed`; a class does not count because
+    its module's other code ran: the device lane's classes once passed because their simulated neighbours did).
+    A class whose every method ran while its module was imported (`imported`), and none after, is a declaration
+    the module builds at import (a registry's entries, a module's lock-and-table singleton): it counts as its
+    module's import, as `reached` counts such modules; one of its methods that never ran still fails it."""
+    imported = executed if imported is None else imported
     out = {}
     for module in modules:
-        ran = executed.get(str(module.path), set())
-        for name, lines in module.classes().items():
-            out[f"{module.name}:{name}"] = bool(ran & lines)
+        ran, seen = executed.get(str(module.path), set()), imported.get(str(module.path), set())
+        for name, methods in module.class_methods().items():
+            out[f"{module.name}:{name}"] = (any(body & ran for body in methods)
+                                           or all(body & seen for body in methods))
     return out
 
 
