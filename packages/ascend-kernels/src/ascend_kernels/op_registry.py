@@ -29,6 +29,7 @@ OP_MODULES: tuple[str, ...] = (
     "ascend_kernels.ops_dsv41",
     "ascend_kernels.ops_quant",
     "ascend_kernels.ops_quant_moe",
+    "ascend_kernels.ops_kv_quant",
 )
 
 BACKEND_NAMES: tuple[str, ...] = ("reference", "npu")
