@@ -31,7 +31,12 @@ from ascend_core.upstream.pcp import (
 )
 from ascend_core.upstream.planner import planner_function
 from ascend_core.upstream.probes import ProbeResult, default_loader, run_probes
-from ascend_core.upstream.quantization import quantization_api, rebuild_quant_config
+from ascend_core.upstream.quantization import (
+    kv_cache_quantization_api,
+    quantization_api,
+    rebuild_quant_config,
+    set_layer_kv_cache_dtype,
+)
 from ascend_core.upstream.runner import bind_kv_cache_kwargs, mrv2_unavailable_reason, resolved_kv_cache_layout
 from ascend_core.upstream.speculator import (
     DP_ARG_NAMES,
@@ -43,8 +48,10 @@ from ascend_core.upstream.speculator import (
 from ascend_core.upstream.version import installed_vllm_version, public_version, support_level, vllm_version_is
 
 __all__ = [
+    "kv_cache_quantization_api",
     "quantization_api",
     "rebuild_quant_config",
+    "set_layer_kv_cache_dtype",
     "DP_ARG_NAMES",
     "ENGINE_TESTED",
     "STATIC_ONLY",

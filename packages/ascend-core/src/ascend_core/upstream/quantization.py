@@ -38,6 +38,33 @@ def quantization_api() -> SimpleNamespace:
         PerTensorScaleParameter=PerTensorScaleParameter)
 
 
+@functools.cache
+def kv_cache_quantization_api() -> SimpleNamespace:
+    """vLLM's KV cache quantization contract (`quantization/kv_cache.py`): the attention layers call
+    `_init_kv_cache_quant`, which asks the config's `get_quant_method` for a `BaseKVCacheMethod` and lets it
+    `create_weights(layer)` right after the layer chose its KV cache dtype (`kv_cache_torch_dtype`, the dtype of the
+    layer's KV spec); the weight loader maps checkpoint scale names through the config's `get_cache_scale_mapper`."""
+    from vllm.distributed.parallel_state import get_tensor_model_parallel_rank, get_tensor_model_parallel_world_size
+    from vllm.model_executor.layers.attention.attention import Attention
+    from vllm.model_executor.layers.attention.mla_attention import MLAAttention
+    from vllm.model_executor.layers.quantization.kv_cache import BaseKVCacheMethod
+    from vllm.model_executor.models.utils import WeightsMapper
+
+    return SimpleNamespace(
+        Attention=Attention, MLAAttention=MLAAttention, BaseKVCacheMethod=BaseKVCacheMethod,
+        WeightsMapper=WeightsMapper, tp_rank=get_tensor_model_parallel_rank,
+        tp_size=get_tensor_model_parallel_world_size)
+
+
+def set_layer_kv_cache_dtype(layer, dtype) -> None:
+    """Make the attention `layer`'s KV spec (and so the KV memory vLLM plans and our allocator cuts) `dtype`: vLLM's
+    layers keep it in `kv_cache_torch_dtype`, read by `get_kv_cache_spec`."""
+    if not hasattr(layer, "kv_cache_torch_dtype"):
+        raise AttributeError(f"{type(layer).__name__} has no kv_cache_torch_dtype: this vLLM plans the KV cache dtype "
+                             "elsewhere (ascend_core.upstream.set_layer_kv_cache_dtype)")
+    layer.kv_cache_torch_dtype = dtype
+
+
 def rebuild_quant_config(vllm_config) -> object:
     """The quantization config vLLM builds for `vllm_config.model_config.quantization` (VllmConfig's own
     `_get_quantization_config`: the method's config file, capability and dtype checks)."""

@@ -11,6 +11,8 @@ One quantization of the float model, written twice:
   same tensors, weight-only), FLOAT (the float weight in the model dtype).
 Scales are rounded to the model dtype before the weights are quantized with them, so both formats (the ModelSlim
 one stores scales in the model dtype) carry identical values. Embeddings, norms and the LM head stay float.
+ModelSlim only: `kv_cache="C8"` adds the int8 KV cache's per-channel K/V scales and offsets, calibrated on the float
+model (`ascend_testkit.models.quantized_kv`), with `kv_cache_type: "C8"`.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from ascend_testkit.models.checkpoint_cache import built_once, default_cache_dir
+from ascend_testkit.models.quantized_kv import KV_QUANT_TYPE, SCALE_SUFFIXES, c8_tensors
 from ascend_testkit.models.tiny_llama import TinyModelSpec, cached_tiny_llama, prompt_of_length
 
 LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -38,9 +41,13 @@ class QuantizedSpec:
     activations: str = "dynamic"  # compressed-tensors: "static" | "dynamic"; modelslim: the default type's
     # ModelSlim only: a type per linear (`model.layers.1.mlp.down_proj`) overriding the default one.
     layer_types: tuple[tuple[str, str], ...] = field(default=())
+    kv_cache: str = ""  # ModelSlim only: "C8" for an int8 KV cache
 
     def key(self) -> str:
-        return hashlib.sha256(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()[:12]
+        fields = asdict(self)
+        if not fields["kv_cache"]:  # the float-KV checkpoints keep the folders (keys) they had
+            del fields["kv_cache"]
+        return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:12]
 
     def default_type(self) -> str:
         return {"static": "W8A8", "dynamic": "W8A8_DYNAMIC"}.get(self.activations, self.activations)
@@ -174,6 +181,10 @@ def build_quantized_llama(path: str | os.PathLike, spec: QuantizedSpec, float_di
         else:
             out.update(_modelslim_layer(name, q, w_scale, act, overrides.get(name, spec.default_type()), dtype,
                                         weight))
+    if spec.kv_cache:
+        if spec.fmt != "modelslim" or spec.kv_cache != KV_QUANT_TYPE:
+            raise ValueError(f"kv_cache={spec.kv_cache!r} with fmt={spec.fmt!r}: this quantizer writes ModelSlim C8")
+        out.update(c8_tensors(float_dir, spec.base.num_layers, dtype, prompt_of_length))
     save_file(out, str(path / "model.safetensors"))
     config = json.loads((float_dir / "config.json").read_text())
     config["torch_dtype"] = spec.dtype
@@ -185,7 +196,10 @@ def build_quantized_llama(path: str | os.PathLike, spec: QuantizedSpec, float_di
         description.update({k: "FLOAT" for k in out if not any(k.startswith(n + ".") for n in names)})
         for name in names:
             kind = overrides.get(name, spec.default_type())
-            description.update({k: kind for k in out if k.startswith(name + ".")})
+            description.update({k: kind for k in out if k.startswith(name + ".") and not k.endswith(SCALE_SUFFIXES)})
+        if spec.kv_cache:
+            description["kv_cache_type"] = spec.kv_cache
+            description.update({k: spec.kv_cache for k in out if k.endswith(SCALE_SUFFIXES)})
         (path / DESCRIPTION_FILE).write_text(json.dumps(description, indent=1, sort_keys=True))
     (path / "config.json").write_text(json.dumps(config, indent=1))
     return path

@@ -9,6 +9,9 @@ int8 forms vllm-ascend's W8A8 / W8A8_DYNAMIC / W8A16 linears call; anything else
   `* scale` ([N] or [1]) `* pertoken_scale` ([M]); a float bias is added after; output float16 / bfloat16.
 - npu_weight_quant_batchmatmul (float16 / bfloat16 x [M, K], int8 weight [K, N]): x @ ((weight + antiquant_offset)
   * antiquant_scale) + bias, per channel ([N] or [1, N]).
+- npu_anti_quant (int8 x, up to 8 dims): `(x + offset) * scale` along the last axis; scale 1-D float32 / bfloat16
+  of 1 or x.shape[-1] elements, offset (optional) of the scale's shape and dtype; output dst_dtype float16 (the
+  default) or bfloat16. int4 packed in int32 (src_dtype quint4x2) is not modelled.
 Computed in float64 (exact for int8 products at these sizes), independently of `ascend_kernels`' reference.
 """
 
@@ -115,3 +118,27 @@ def npu_weight_quant_batchmatmul(*, x, weight, antiquant_scale, antiquant_offset
     if bias is not None:
         y = y + bias.double().reshape(-1)
     return y.to(x.dtype)
+
+
+def npu_anti_quant(*, x, scale, offset, dst_dtype, src_dtype):
+    op = "npu_anti_quant"
+    if src_dtype not in (None, 1):
+        unmodelled(op, "src_dtype", src_dtype)
+    if x.dtype == torch.int32:
+        unmodelled(op, "x dtype (int4 packed in int32)", x.dtype)
+    require_dtype(op, "x", x, (torch.int8,))
+    if not 1 <= x.dim() <= 8:
+        refuse(op, f"x must have 1 to 8 dims, got shape {tuple(x.shape)}")
+    require_dtype(op, "scale", scale, (torch.float32, torch.bfloat16))
+    if scale.dim() != 1 or scale.shape[0] not in (1, x.shape[-1]):
+        refuse(op, f"scale must be 1-D of 1 or {x.shape[-1]} (x's last dim) elements, got {tuple(scale.shape)}")
+    if offset is not None and (offset.shape != scale.shape or offset.dtype != scale.dtype):
+        refuse(op, f"offset must have scale's shape {tuple(scale.shape)} and dtype {scale.dtype}, got "
+                   f"{tuple(offset.shape)} {offset.dtype}")
+    out_dtype = _OUT_DTYPES.get(5 if dst_dtype is None else dst_dtype)
+    if out_dtype is None:
+        refuse(op, f"dst_dtype must be float16 (5) or bfloat16 (15), got {dst_dtype}")
+    y = x.double()
+    if offset is not None:
+        y = y + offset.double()
+    return (y * scale.double()).to(out_dtype)

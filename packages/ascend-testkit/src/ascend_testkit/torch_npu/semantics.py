@@ -20,6 +20,7 @@ OWN: dict[str, Callable] = {
     "npu_dynamic_quant": quant.npu_dynamic_quant,
     "npu_quant_matmul": quant.npu_quant_matmul,
     "npu_weight_quant_batchmatmul": quant.npu_weight_quant_batchmatmul,
+    "npu_anti_quant": quant.npu_anti_quant,
 }
 
 

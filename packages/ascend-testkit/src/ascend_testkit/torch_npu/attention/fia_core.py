@@ -1,15 +1,17 @@
 """The computation behind npu_fused_infer_attention_score and its _v2: one call, normalized, run request by request.
 
-The two entry points (fused_infer_attention.py) differ only in argument names, v2's learnable_sink and which
-arguments they carry that this fake does not model; both arrive here as an FiaCall.
+The two entry points (fused_infer_attention.py) differ only in argument names, v2's learnable_sink and KV antiquant
+(antiquant.py: int8 keys and values dequantized in float64 before the attention) and which arguments they carry
+that this fake does not model; both arrive here as an FiaCall.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
+from ascend_testkit.torch_npu.attention.antiquant import AntiquantArgs, Dequant, resolve_antiquant
 from ascend_testkit.torch_npu.attention.fia_limits import FiaShape, check_dtypes, check_shape
 from ascend_testkit.torch_npu.attention.kv_sources import KvRequests, paged_kv, unpaged_kv
 from ascend_testkit.torch_npu.attention.layouts import Layout, from_canonical, parse_layout, to_canonical
@@ -51,6 +53,7 @@ class FiaCall:
     inner_precise: int
     return_lse: bool
     learnable_sink: torch.Tensor | None = None
+    antiquant: AntiquantArgs | None = None  # v2 only
 
     @property
     def names(self) -> dict[str, str]:
@@ -129,6 +132,11 @@ def _kv(op: str, call: FiaCall, layout: Layout, num_kv: int, batch: int) -> KvRe
                       call.names["kv_len"])
 
 
+def _dequantized(kv: KvRequests, dequant: Dequant) -> KvRequests:
+    """The requests' int8 keys and values as the float64 values the kernel attends over."""
+    return replace(kv, keys=[dequant.keys(k) for k in kv.keys], values=[dequant.values(v) for v in kv.values])
+
+
 def run_fia(op: str, call: FiaCall, limits: CardLimits) -> tuple[torch.Tensor, torch.Tensor]:
     layout = parse_layout(op, call.input_layout)
     num_heads, num_kv = _head_counts(op, call, limits)
@@ -142,13 +150,19 @@ def run_fia(op: str, call: FiaCall, limits: CardLimits) -> tuple[torch.Tensor, t
     q_rope = None if call.query_rope is None else to_canonical(op, layout.query, "query_rope", call.query_rope,
                                                                num_heads)
     batch, q_lens, incremental = _query_lengths(op, call, layout.token_major, q)
+    dequant = None if call.antiquant is None else resolve_antiquant(
+        op, call.antiquant, query=call.query, key=call.key, value=call.value, token_major=layout.token_major,
+        incremental=incremental, paged=call.block_table is not None, block_size=call.block_size,
+        num_kv_heads=num_kv, int8_granularity=limits.int8_block_size_granularity)
     kv = _kv(op, call, layout, num_kv, batch)
+    if dequant is not None:
+        kv = _dequantized(kv, dequant)
     if kv.key_dim != q.shape[-1]:
         refuse(op, f"query D={q.shape[-1]} and key D={kv.key_dim} must be equal")
     if q_rope is not None and kv.key_ropes and kv.key_ropes[0].shape[-1] != q_rope.shape[-1]:
         refuse(op, f"query_rope D={q_rope.shape[-1]} and key_rope D={kv.key_ropes[0].shape[-1]} must be equal")
     check_dtypes(op, limits, query=call.query, key=call.key, value=call.value, token_major=layout.token_major,
-                 paged=kv.paged)
+                 paged=kv.paged, antiquant=dequant is not None)
     if call.inner_precise not in ((0, 1) if incremental else (0, 1, 2, 3)):
         refuse(op, f"inner_precise must be {'0 or 1 when Q_S is 1' if incremental else '0..3'}, got "
                f"{call.inner_precise}")

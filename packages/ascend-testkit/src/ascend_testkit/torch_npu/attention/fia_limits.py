@@ -33,11 +33,14 @@ class FiaShape:
 
 
 def check_dtypes(op: str, limits: CardLimits, *, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                 token_major: bool, paged: bool) -> None:
+                 token_major: bool, paged: bool, antiquant: bool = False) -> None:
+    """`antiquant`: int8 keys and values with their dequant parameters, all checked in antiquant.py."""
     if query.dtype in (torch.int8, torch.uint8) or query.dtype.is_floating_point and query.dtype.itemsize == 1:
         unmodelled(op, "query dtype (quantized attention)", query.dtype)
+    if antiquant:
+        return
     if key.dtype != query.dtype and key.dtype in (torch.int8, torch.int32):
-        unmodelled(op, "key dtype (antiquant KV)", key.dtype)
+        unmodelled(op, "key dtype (antiquant KV without dequant parameters)", key.dtype)
     if query.dtype not in limits.attention_dtypes:
         refuse(op, f"query dtype must be one of {dtype_names(limits.attention_dtypes)}, got {query.dtype}")
     for name, tensor in (("key", key), ("value", value)):

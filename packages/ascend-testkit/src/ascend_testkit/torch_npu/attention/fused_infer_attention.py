@@ -1,7 +1,8 @@
 """npu_fused_infer_attention_score(_v2)(.out): the schema's keyword names and defaults, mapped onto FiaCall.
 
-The parameter lists are torch_npu 2.13's schemas verbatim (libtorch_npu.so); a test compares them. Arguments for
-quantization, pse, shared prefixes and left padding are accepted by the card but not modelled here: any of them
+The parameter lists are torch_npu 2.13's schemas verbatim (libtorch_npu.so); a test compares them. _v2's KV
+antiquant (dequant_scale/offset_key/value with key/value_quant_mode) is modelled (antiquant.py); the other arguments
+for quantization, pse, shared prefixes and left padding are accepted by the card but not modelled here: any of them
 given raises NotImplementedError naming it.
 """
 
@@ -11,6 +12,7 @@ from collections.abc import Callable
 
 import torch
 
+from ascend_testkit.torch_npu.attention.antiquant import AntiquantArgs
 from ascend_testkit.torch_npu.attention.fia_core import FiaCall, run_fia
 from ascend_testkit.torch_npu.attention.limits import CardLimits
 from ascend_testkit.torch_npu.attention.refusals import refuse, require_contiguous, unmodelled
@@ -25,13 +27,12 @@ V1_UNMODELLED_TENSORS = (
 )
 V1_UNMODELLED_MODES = ("antiquant_mode", "key_antiquant_mode", "value_antiquant_mode")
 V2_UNMODELLED_TENSORS = (
-    "pse_shift", "dequant_scale_query", "dequant_scale_key", "dequant_offset_key", "dequant_scale_value",
-    "dequant_offset_value", "dequant_scale_key_rope", "quant_scale_out", "quant_offset_out", "quant_scale_p",
-    "query_dtype", "key_dtype", "value_dtype", "query_rope_dtype", "key_rope_dtype", "key_shared_prefix_dtype",
-    "value_shared_prefix_dtype", "dequant_scale_query_dtype", "dequant_scale_key_dtype", "dequant_scale_value_dtype",
-    "dequant_scale_key_rope_dtype", "out_dtype",
+    "pse_shift", "dequant_scale_query", "dequant_scale_key_rope", "quant_scale_out", "quant_offset_out",
+    "quant_scale_p", "query_dtype", "key_dtype", "value_dtype", "query_rope_dtype", "key_rope_dtype",
+    "key_shared_prefix_dtype", "value_shared_prefix_dtype", "dequant_scale_query_dtype", "dequant_scale_key_dtype",
+    "dequant_scale_value_dtype", "dequant_scale_key_rope_dtype", "out_dtype",
 )
-V2_UNMODELLED_MODES = ("query_quant_mode", "key_quant_mode", "value_quant_mode")
+V2_UNMODELLED_MODES = ("query_quant_mode",)  # key/value_quant_mode: antiquant.py
 
 
 def _reject_unmodelled(op: str, args: dict, tensors: tuple[str, ...], modes: tuple[str, ...]) -> None:
@@ -62,7 +63,10 @@ def _v2_call(args: dict) -> FiaCall:
         num_heads=args["num_query_heads"], num_kv_heads=args["num_key_value_heads"], scale=args["softmax_scale"],
         pre_tokens=args["pre_tokens"], next_tokens=args["next_tokens"], input_layout=args["input_layout"],
         sparse_mode=args["sparse_mode"], inner_precise=args["inner_precise"],
-        return_lse=args["return_softmax_lse"], learnable_sink=args["learnable_sink"])
+        return_lse=args["return_softmax_lse"], learnable_sink=args["learnable_sink"],
+        antiquant=AntiquantArgs(key_scale=args["dequant_scale_key"], key_offset=args["dequant_offset_key"],
+                                value_scale=args["dequant_scale_value"], value_offset=args["dequant_offset_value"],
+                                key_mode=args["key_quant_mode"], value_mode=args["value_quant_mode"]))
 
 
 def _write_out(op: str, out: list[torch.Tensor], results: tuple[torch.Tensor, torch.Tensor],

@@ -25,6 +25,7 @@ class CardLimits:
     max_gqa_ratio: int
     max_kv_hidden_paged: int  # (blocks, block_size, H) caches: KV_N * D at most this
     block_size_granularity: int  # every paged call
+    int8_block_size_granularity: int  # paged call over int8 caches (KV antiquant)
     prompt_block_size_granularity: int  # paged call with some query longer than 1 (the PromptFlashAttention branch)
     max_block_size: int
     mla_block_sizes: tuple[int, ...]  # query_rope with D=512 (latent attention over the paged cache)
@@ -42,6 +43,7 @@ CARD = CardLimits(
     max_gqa_ratio=64,
     max_kv_hidden_paged=65535,
     block_size_granularity=16,
+    int8_block_size_granularity=32,
     prompt_block_size_granularity=128,
     max_block_size=512,
     mla_block_sizes=(16, 128),
@@ -59,6 +61,7 @@ TINY_MODELS = CardLimits(
     max_gqa_ratio=64,
     max_kv_hidden_paged=65535,
     block_size_granularity=1,
+    int8_block_size_granularity=1,
     prompt_block_size_granularity=1,
     max_block_size=512,
     mla_block_sizes=(),
