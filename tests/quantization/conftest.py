@@ -6,7 +6,8 @@ NPU kernel backend.
 The hosts are the session's shared ones (`cpu`, `sim-v1`, `sim`, and the NPU kernel suite's `npu-v1`): the
 platform's `check_and_update_config` detects and configures the quantization itself. `quant_runs[(host, model)]`
 runs an engine once per module and keeps its outputs (top-5 logprobs), our usage counts over its generation, the
-torch_npu ops and fallbacks of that generation, and the loaded linears' weight bytes.
+torch_npu ops and fallbacks of that generation, the loaded linears' weight bytes and the KV cache our allocator cut
+(per layer: dtype, bytes per token; per KV cache group: page bytes per layer).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ ENGINE = dict(dtype="bfloat16", max_model_len=256, enforce_eager=True, max_num_s
 CPU_ENGINE = dict(dtype="bfloat16", max_model_len=256, enforce_eager=True, max_num_seqs=4, seed=0)
 FAKE_ENV = {"ASCEND_TESTKIT_TORCH_NPU": "1"}
 PROBE = "ascend_testkit.quant_probes:linear_weights"
+KV_PROBES = {"kv_layers": "ascend_testkit.kv_probes:layer_kv", "kv_groups": "ascend_testkit.kv_probes:kv_groups"}
 # A mixed ModelSlim checkpoint: every served type in one model (W8A8 attention in layer 0, W8A16 MLP in layer 0,
 # a FLOAT down projection in layer 1, W8A8_DYNAMIC elsewhere), so one engine runs all four quant ops.
 MIXED_TYPES = (
@@ -100,6 +102,7 @@ class QuantRuns(EngineRuns):
                               fallbacks=_delta(after["fallbacks"], before["fallbacks"]),
                               fallback_reasons=after["fallback_reasons"], facts=after["facts"],
                               linears=host.rpc(PROBE)[0])
+                result.update({name: host.rpc(probe)[0] for name, probe in KV_PROBES.items()})
         finally:
             host.stop()
         return result
@@ -113,3 +116,38 @@ def quant_hosts(host_pool) -> QuantHosts:
 @pytest.fixture(scope="module")
 def quant_runs(quant_hosts, quant_models, quant_prompts) -> QuantRuns:
     return QuantRuns(quant_hosts, quant_models, quant_prompts)
+
+
+# The C8 (int8 KV cache) GQA Llama's prompts: inside a block; decoding across the 128-token edge; a prompt whose
+# second 64-token chunk crosses it.
+C8_PROMPT_LENGTHS = (5, 124, 140)
+
+
+@pytest.fixture(scope="module")
+def c8_model(cache_root) -> str:
+    from ascend_testkit.models.quantized import QuantizedSpec, cached_quantized_llama
+    from ascend_testkit.models.tiny_llama import TinyModelSpec
+
+    base = TinyModelSpec(num_heads=4, num_kv_heads=2, head_dim=32)
+    spec = QuantizedSpec(base=base, fmt="modelslim", activations="FLOAT", kv_cache="C8")
+    return str(cached_quantized_llama(spec, cache_root / "models"))
+
+
+@pytest.fixture(scope="module")
+def c8_prompts() -> list[str]:
+    from ascend_testkit.models.tiny_llama import prompt_of_length
+
+    return [prompt_of_length(n, offset=3 * n) for n in C8_PROMPT_LENGTHS]
+
+
+@pytest.fixture(scope="module")
+def c8_runs(quant_hosts, c8_model, c8_prompts) -> QuantRuns:
+    return QuantRuns(quant_hosts, {"c8": c8_model}, c8_prompts)
+
+
+@pytest.fixture(scope="module")
+def c8_reference(c8_model, c8_prompts) -> list[dict]:
+    """transformers in float64 with every cached key and value put through the checkpoint's int8 round trip."""
+    from ascend_testkit.models.quantized_kv import c8_float64_outputs
+
+    return c8_float64_outputs(c8_model, c8_prompts, MAX_TOKENS, logprobs=5)

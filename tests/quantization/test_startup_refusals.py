@@ -86,8 +86,14 @@ CASES = {
                                 "'W4A8_DYNAMIC'"),
     "fused shards disagree": (_types(["model.layers.1.mlp.gate_proj"], "W8A16"),
                               "the shards of fused layer 'model.layers.1.mlp.gate_up_proj' have different types"),
-    "C8 KV cache": (_set("kv_cache_type", "C8"), "kv_cache_type='C8' (a quantized KV cache / attention) is not "
-                                                 "supported"),
+    "C8 without its scales": (_set("kv_cache_type", "C8"),
+                              "kv_cache_type 'C8' but quant_model_description.json names no "
+                              "'model.layers.0.self_attn.k_proj.kv_cache_scale' for attention layer "
+                              "'model.layers.0.self_attn.attn'"),
+    "another KV cache type": (_set("kv_quant_type", "C4"), "kv_quant_type='C4' (a quantized KV cache) is not "
+                                                           "supported"),
+    "quantized attention": (_set("fa_quant_type", "FAQuant"), "fa_quant_type='FAQuant' (quantized attention) is not "
+                                                              "supported"),
 }
 
 
@@ -95,3 +101,20 @@ CASES = {
 def test_bad_modelslim_checkpoint_is_refused_by_name(quant_hosts, quant_models, tmp_path, case):
     edit, message = CASES[case]
     assert message in _start_error(quant_hosts, _edited(tmp_path, quant_models["ms_dynamic"], edit))
+
+
+C8_CONFLICTS = {
+    "kv_cache_dtype": (dict(kv_cache_dtype="fp8"), "with kv_cache_dtype='fp8' (C8 makes the KV cache int8 itself"),
+    "kv connector": (dict(kv_transfer_config={"kv_connector": "ExampleConnector", "kv_role": "kv_both",
+                                              "kv_connector_extra_config": {"shared_storage_path": "/nonexistent"}}),
+                     "with a KV connector (transfers and offloads of int8 pages are not tested yet)"),
+}
+
+
+@pytest.mark.parametrize("case", list(C8_CONFLICTS))
+def test_c8_with_what_its_int8_cache_cannot_serve_is_refused_by_name(quant_hosts, c8_model, case):
+    """A C8 checkpoint is refused before any layer is built where its int8 KV cache cannot be served."""
+    engine, message = C8_CONFLICTS[case]
+    error = quant_hosts("v1").start_error(c8_model, **(quant_hosts.engine | engine))
+    assert error is not None, f"C8 with {case} started"
+    assert "kv_cache_type 'C8' (int8 KV cache) of" in error["message"] and message in error["message"], error

@@ -10,6 +10,10 @@ caches are dense), so the allocator lays the layer's planned region out as a K p
 caches from it at each call (`ascend_core.kv.views.attention_kv_of`) and holds no KV memory of its own, so after
 sleep and wake-up it reads the re-allocated tensor vLLM re-bound to the layer.
 
+A layer with an int8 KV cache (ModelSlim's C8: its quant method made the layer's KV spec int8 and left the layer's
+static scales in `ascend_kv_quant`, `ascend_platform.quantization.kv_c8`) writes through `reshape_and_cache_quant`
+and attends through `paged_attention_antiquant` with those scales; a float layer runs the float kernels.
+
 The metadata builder turns the step's lengths into host lists once per step (`query_start_loc_host`,
 `seq_lens_host`), so kernels that need lengths on the host never read them back from the device per layer.
 
@@ -210,9 +214,26 @@ class AscendAttentionImpl(AttentionImpl[AscendAttentionMetadata]):
         kv = attention_kv_of(kv_cache, self.head_size)
         return kv.key, kv.value
 
+    @staticmethod
+    def _kv_quant(layer, key_cache: torch.Tensor) -> Any:
+        """The layer's int8 KV quantization (None for a float cache); an int8 cache without scales, or scales over a
+        float cache, is an error rather than bytes read as the wrong type."""
+        quant = getattr(layer, "ascend_kv_quant", None)
+        if (quant is not None) != (key_cache.dtype == torch.int8):
+            raise RuntimeError(f"ASCEND attention layer {getattr(layer, 'layer_name', '?')!r}: KV cache of dtype "
+                               f"{key_cache.dtype} and {'C8 scales' if quant is not None else 'no C8 scales'}")
+        return quant
+
     def do_kv_cache_update(self, layer, key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor,
                            slot_mapping: torch.Tensor) -> None:
         key_cache, value_cache = self._caches(layer, kv_cache)
+        quant = self._kv_quant(layer, key_cache)
+        if quant is not None:  # C8 (refused at start-up with PCP)
+            with usage.timed("kernels.reshape_and_cache_quant"):
+                kernel_ops().reshape_and_cache_quant(key, value, key_cache, value_cache, slot_mapping[: key.shape[0]],
+                                                     quant.key_scale, quant.key_offset, quant.value_scale,
+                                                     quant.value_offset)
+            return
         if self.pcp_world_size > 1 and slot_mapping.shape[0] > key.shape[0]:
             # A partitioned step: the slot mapping covers every rank's tokens, which each rank's replica holds.
             self._pcp_kv = pcp_attention.all_gather_kv(key, value)
@@ -232,6 +253,18 @@ class AscendAttentionImpl(AttentionImpl[AscendAttentionMetadata]):
         n = attn_metadata.num_actual_tokens
         key_cache, value_cache = self._caches(layer, kv_cache)
         gathered, self._pcp_kv = self._pcp_kv, None
+        quant = self._kv_quant(layer, key_cache)
+        if quant is not None:
+            m = attn_metadata
+            with usage.timed("kernels.paged_attention_antiquant"):
+                kernel_ops().paged_attention_antiquant(
+                    query[:n], key_cache, value_cache, m.block_table, m.query_start_loc, m.seq_lens,
+                    key_scale=quant.key_scale, key_offset=quant.key_offset, value_scale=quant.value_scale,
+                    value_offset=quant.value_offset, scale=self.scale, causal=m.causal,
+                    sliding_window=self.sliding_window, sinks=self.sinks, out=output[:n],
+                    query_start_loc_host=m.query_start_loc_host, seq_lens_host=m.seq_lens_host)
+            usage.count("attention.ascend.forward")
+            return output
         if attn_metadata.pcp is not None and gathered is not None:
             return self._forward_pcp(query, key_cache, value_cache, attn_metadata, gathered, output)
         with usage.timed("kernels.paged_attention"):

@@ -4,6 +4,9 @@
 detects a ModelSlim checkpoint by its `quant_model_description.json` (ModelSlim removes `quantization_config` from
 config.json, so vLLM itself sees a float model), checks that the description and the checkpoint's tensors name the
 same tensors, replaces vLLM's compressed-tensors config with the Ascend one, and refuses every other method by name.
+A C8 (int8 KV cache) checkpoint is refused here, before any layer is built, where its KV cache cannot be served: an
+MLA model, a KV cache dtype asked for explicitly, prefill context parallel (its K/V gather writes float caches) and
+KV connectors (their transfers, offloads and pool keys have not been run over int8 pages and their scales).
 """
 
 from __future__ import annotations
@@ -69,6 +72,29 @@ def check_description_tensors(folder: Path, description: dict) -> None:
                                        f"{DESCRIPTION_FILE} does not name ({len(undescribed)} such tensors)")
 
 
+def refuse_unserved_kv_cache(vllm_config, description: dict) -> None:
+    """Refuse, naming what conflicts, a C8 checkpoint on an engine whose KV cache C8 cannot be (module docstring)."""
+    from ascend_platform.quantization.modelslim import kv_cache_type
+
+    kind = kv_cache_type(description)
+    if kind is None:
+        return
+    model_config, parallel = vllm_config.model_config, vllm_config.parallel_config
+    cache_dtype = getattr(vllm_config.cache_config, "cache_dtype", "auto")
+    reason = None
+    if model_config.use_mla:
+        reason = "an MLA model (C8 runs on dense MHA / GQA attention; the latent cache stays float)"
+    elif cache_dtype != "auto":
+        reason = f"kv_cache_dtype={cache_dtype!r} (C8 makes the KV cache int8 itself: leave it 'auto')"
+    elif getattr(parallel, "prefill_context_parallel_size", 1) > 1:
+        reason = "prefill context parallel (its gathered keys and values are written to float caches)"
+    elif vllm_config.kv_transfer_config is not None:
+        reason = "a KV connector (transfers and offloads of int8 pages are not tested yet)"
+    if reason is not None:
+        raise QuantizationRefusedError(f"ascend quantization: kv_cache_type {kind!r} (int8 KV cache) of "
+                                       f"{model_config.model} is not supported with {reason}")
+
+
 def configure_quantization(vllm_config) -> None:
     """Decide and check the model's quantization (see the module docstring); a no-op for a float model."""
     from ascend_core.upstream import rebuild_quant_config
@@ -89,7 +115,9 @@ def configure_quantization(vllm_config) -> None:
             raise QuantizationRefusedError(
                 f"{model_config.model} is a ModelSlim checkpoint ({described.name}) but quantization={method!r} "
                 "was asked for; use 'ascend' (or leave it unset)")
-        check_description_tensors(described.parent, json.loads(described.read_text()))
+        description = json.loads(described.read_text())
+        check_description_tensors(described.parent, description)
+        refuse_unserved_kv_cache(vllm_config, description)
         model_config.quantization = "ascend"
     logger.info("Ascend quantization: %s (%s)", model_config.quantization, model_config.model)
     vllm_config.quant_config = rebuild_quant_config(vllm_config)
