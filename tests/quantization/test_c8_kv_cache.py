@@ -1,8 +1,9 @@
 """ModelSlim's C8 int8 KV cache served end to end on a GQA tiny Llama (4 query heads over 2 KV heads): the simulated
-lane against transformers in float64 with every cached key and value put through the same int8 round trip (the
-checkpoint's per-channel scales and offsets), over prompts inside, decoding across and prefilled (in 64-token chunks)
-across a 128-token block edge; the KV cache our allocator cut is int8, half of bfloat16's bytes per block; the C8
-kernels are counted; and the NPU kernel backend over the testkit's torch_npu runs it with nothing falling back."""
+lane (V1 and Model Runner V2) against transformers in float64 with every cached key and value put through the same
+int8 round trip (the checkpoint's per-channel scales and offsets), over prompts inside, decoding across and
+prefilled (in 64-token chunks) across a 128-token block edge; the KV cache our allocator cut is int8, half of
+bfloat16's bytes per block; the C8 kernels are counted; and the NPU kernel backend over the testkit's torch_npu runs
+it with nothing falling back."""
 
 from __future__ import annotations
 
@@ -16,8 +17,9 @@ NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE = 2, 32, 128  # the C8 Llama's (conftest.c8_m
 C8_OPS = {"kernels.reshape_and_cache_quant", "kernels.paged_attention_antiquant"}
 
 
-def test_c8_engine_matches_float64_with_the_same_int8_kv_round_trip(c8_runs, c8_reference):
-    ours = c8_runs[("v1", "c8")]
+@pytest.mark.parametrize("runner", ["v1", "v2"])
+def test_c8_engine_matches_float64_with_the_same_int8_kv_round_trip(c8_runs, c8_reference, runner):
+    ours = c8_runs[(runner, "c8")]
     assert ours["facts"]["kernel_backend"] == "reference"
     check_logprobs_close(ours["outputs"], c8_reference, name_0="ascend C8", name_1="float64 with int8 KV round trip")
     counted = {k for k, n in ours["counts"].items() if n > 0}
