@@ -125,67 +125,27 @@ class DisaggregatedProxy:
                               pool.role)
         raise RouterError(503, pool.unavailable_reason())
 
-    async def prefill(self, path: str, body: dict, headers: dict, transfer_id: str) -> tuple[str, dict | None]:
-        """Run the prefill; returns (server URL, the kv_transfer_params for the decode server or None)."""
-        if not self.decode_pool.healthy():  # no prefill (and KV held for nobody) when no decode server can follow
-            raise RouterError(503, self.decode_pool.unavailable_reason())
-        data = json.dumps(prefill_payload(body, transfer_id)).encode()
-        tried: dict[str, str] = {}
+    async def _open(self, pool: ServerPool, path: str, data: bytes, headers: dict, timeout: aiohttp.ClientTimeout,
+                    waited_s: float) -> tuple[Lease, aiohttp.ClientResponse]:
+        """Send to the servers of `pool` in turn (module docstring: a refused connection tries the next one, any
+        other failure ends the request). Returns the lease and a status-200 response whose body is not read yet."""
+        role, tried = pool.role, {}
         while True:
-            lease = self._lease(self.prefill_pool, tried)
+            lease = self._lease(pool, tried)
             url = lease.upstream.url
             try:
-                async with self.session.post(url + path, data=data, headers=headers,
-                                             timeout=self._prefill_timeout) as resp:
-                    status, raw, ctype = resp.status, await resp.read(), resp.content_type
+                resp = await self.session.post(url + path, data=data, headers=headers, timeout=timeout)
             except aiohttp.ClientConnectorError as exc:
                 tried[url] = f"connection failed ({describe(exc)})"
-                self._failed(self.prefill_pool, lease, tried[url], take_out=True)
+                self._failed(pool, lease, tried[url], take_out=True)
                 continue
             except asyncio.TimeoutError:
-                self._failed(self.prefill_pool, lease, "timeout", take_out=False)
-                raise RouterError(504, f"prefill server {url} did not answer within "
-                                       f"{self.config.prefill_timeout_s:g} s", url, "prefill") from None
+                self._failed(pool, lease, "timeout", take_out=False)
+                raise RouterError(504, f"{role} server {url} sent no answer within {waited_s:g} s", url,
+                                  role) from None
             except aiohttp.ClientError as exc:
-                self._failed(self.prefill_pool, lease, describe(exc), take_out=True)
-                raise RouterError(502, f"prefill server {url} failed: {describe(exc)}", url, "prefill") from None
-            if status != 200:
-                lease.release(ok=False)
-                if 400 <= status < 500:
-                    raise PassThrough(status, raw, ctype, url, "prefill")
-                raise RouterError(502, f"prefill server {url} answered {status}: {_snippet(raw)}", url, "prefill")
-            lease.release(ok=True)
-            try:
-                params = json.loads(raw).get("kv_transfer_params")
-            except (ValueError, AttributeError):
-                raise RouterError(502, f"prefill server {url} answered 200 without a JSON object: "
-                                       f"{_snippet(raw)}", url, "prefill") from None
-            if not params and url not in self._warned_no_params:
-                self._warned_no_params.add(url)
-                logger.warning("prefill server %s returned no kv_transfer_params (is it started with a kv_producer "
-                               "--kv-transfer-config?); decode servers will compute such prompts themselves", url)
-            return url, params or None
-
-    async def open_decode(self, path: str, body: dict, headers: dict) -> tuple[Lease, aiohttp.ClientResponse]:
-        """Send the decode request; returns its lease and the response, status 200, body not read yet."""
-        data = json.dumps(body).encode()
-        tried: dict[str, str] = {}
-        while True:
-            lease = self._lease(self.decode_pool, tried)
-            url = lease.upstream.url
-            try:
-                resp = await self.session.post(url + path, data=data, headers=headers, timeout=self._decode_timeout)
-            except aiohttp.ClientConnectorError as exc:
-                tried[url] = f"connection failed ({describe(exc)})"
-                self._failed(self.decode_pool, lease, tried[url], take_out=True)
-                continue
-            except asyncio.TimeoutError:
-                self._failed(self.decode_pool, lease, "timeout", take_out=False)
-                raise RouterError(504, f"decode server {url} sent no answer within "
-                                       f"{self.config.read_timeout_s:g} s", url, "decode") from None
-            except aiohttp.ClientError as exc:
-                self._failed(self.decode_pool, lease, describe(exc), take_out=True)
-                raise RouterError(502, f"decode server {url} failed: {describe(exc)}", url, "decode") from None
+                self._failed(pool, lease, describe(exc), take_out=True)
+                raise RouterError(502, f"{role} server {url} failed: {describe(exc)}", url, role) from None
             if resp.status == 200:
                 return lease, resp
             try:
@@ -196,25 +156,54 @@ class DisaggregatedProxy:
                 resp.release()
             lease.release(ok=False)
             if 400 <= resp.status < 500:
-                raise PassThrough(resp.status, raw, resp.content_type, url, "decode")
-            raise RouterError(502, f"decode server {url} answered {resp.status}: {_snippet(raw)}", url, "decode")
+                raise PassThrough(resp.status, raw, resp.content_type, url, role)
+            raise RouterError(502, f"{role} server {url} answered {resp.status}: {_snippet(raw)}", url, role)
 
-    async def read_all(self, lease: Lease, resp: aiohttp.ClientResponse) -> bytes:
-        """The whole (non-streamed) decode answer."""
-        url = lease.upstream.url
+    async def _read(self, pool: ServerPool, lease: Lease, resp: aiohttp.ClientResponse) -> bytes:
+        """The whole body of a response `_open` returned; the lease is released either way."""
+        url, role = lease.upstream.url, pool.role
         try:
             raw = await resp.read()
         except asyncio.TimeoutError:
             resp.close()
-            self._failed(self.decode_pool, lease, "timeout", take_out=False)
-            raise RouterError(504, f"decode server {url} did not finish within its timeout", url, "decode") from None
+            self._failed(pool, lease, "timeout", take_out=False)
+            raise RouterError(504, f"{role} server {url} did not finish within its timeout", url, role) from None
         except aiohttp.ClientError as exc:
             resp.close()
-            self._failed(self.decode_pool, lease, describe(exc), take_out=True)
-            raise RouterError(502, f"decode server {url} failed: {describe(exc)}", url, "decode") from None
+            self._failed(pool, lease, describe(exc), take_out=True)
+            raise RouterError(502, f"{role} server {url} failed: {describe(exc)}", url, role) from None
         resp.release()
         lease.release(ok=True)
         return raw
+
+    async def prefill(self, path: str, body: dict, headers: dict, transfer_id: str) -> tuple[str, dict | None]:
+        """Run the prefill leg; returns the prefill server's URL and the kv_transfer_params its answer carries."""
+        if not self.decode_pool.healthy():  # no prefill (and KV held for nobody) when no decode server can follow
+            raise RouterError(503, self.decode_pool.unavailable_reason())
+        data = json.dumps(prefill_payload(body, transfer_id)).encode()
+        lease, resp = await self._open(self.prefill_pool, path, data, headers, self._prefill_timeout,
+                                       self.config.prefill_timeout_s)
+        url = lease.upstream.url
+        raw = await self._read(self.prefill_pool, lease, resp)
+        try:
+            params = json.loads(raw).get("kv_transfer_params")
+        except (ValueError, AttributeError):
+            raise RouterError(502, f"prefill server {url} answered 200 without a JSON object: "
+                                   f"{_snippet(raw)}", url, "prefill") from None
+        if not params and url not in self._warned_no_params:
+            self._warned_no_params.add(url)
+            logger.warning("prefill server %s returned no kv_transfer_params (is it started with a kv_producer "
+                           "--kv-transfer-config?); decode servers will compute such prompts themselves", url)
+        return url, params or None
+
+    async def open_decode(self, path: str, body: dict, headers: dict) -> tuple[Lease, aiohttp.ClientResponse]:
+        """Send the decode request; returns its lease and the response, status 200, body not read yet."""
+        return await self._open(self.decode_pool, path, json.dumps(body).encode(), headers, self._decode_timeout,
+                                self.config.read_timeout_s)
+
+    async def read_all(self, lease: Lease, resp: aiohttp.ClientResponse) -> bytes:
+        """The whole (non-streamed) decode answer."""
+        return await self._read(self.decode_pool, lease, resp)
 
     async def relay(self, lease: Lease, resp: aiohttp.ClientResponse) -> AsyncIterator[bytes]:
         """The decode server's stream, chunk by chunk as it arrives; a failure mid-stream ends it with an error
