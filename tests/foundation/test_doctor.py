@@ -49,3 +49,17 @@ def test_cli_without_a_command_prints_help_and_fails():
     out = _run()
     assert out.returncode == 2
     assert "doctor" in out.stdout
+
+
+def test_options_lists_every_additional_config_key_with_its_default_and_doc():
+    from ascend_platform.plugin_config import AscendConfig
+
+    out = _run("options", "--json")
+    assert out.returncode == 0, out.stderr
+    options = json.loads(out.stdout.strip().splitlines()[-1])
+    assert list(options) == list(AscendConfig.model_fields), options.keys()
+    assert all(o["doc"] for o in options.values()), options
+    assert options["kernel_backend"]["default"] == repr(AscendConfig.model_fields["kernel_backend"].default)
+    readable = _run("options")
+    assert readable.returncode == 0, readable.stderr
+    assert all(f"{key} (default {o['default']})" in readable.stdout for key, o in options.items()), readable.stdout

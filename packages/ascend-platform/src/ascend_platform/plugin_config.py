@@ -2,7 +2,7 @@
 
 `additional_config` is a free-form dict on vLLM's side; here it becomes a frozen, validated model. An unknown key
 or a bad value stops start-up with one line that names the key and what is allowed, instead of being ignored.
-Every option is documented on its field (`ascend-vllm` prints them with `describe_options()`).
+Every option is documented on its field; `ascend-vllm options` prints them (`describe_options()`).
 """
 
 from __future__ import annotations
