@@ -74,6 +74,7 @@ def test_vocab_from_model_configs():
         ("eagle", (), "eagle"),
         ("eagle3", (), "eagle"),
         ("draft_model", (), "draft_model"),
+        ("ngram", (), "ngram"),
     ],
 )
 def test_method_family(method, archs, family):
@@ -107,9 +108,10 @@ def test_dispatch_order_and_classes():
         assert issubclass(cls, upstream) and cls.__module__.startswith("ascend_specdecode.")
     # DSpark subclasses DFlash upstream: checked first, it must not resolve to the DFlash speculator.
     assert not issubclass(select_speculator(Spec("dflash")), DSparkSpeculator)
-    assert set(SPECULATOR_CLASSES) == {"dspark", "dflash", "dflash2", "mtp", "eagle"}
-    with pytest.raises(ValueError, match="'ngram' is not a speculative method"):
-        select_speculator(Spec("ngram"))
+    assert set(SPECULATOR_CLASSES) == {"dspark", "dflash", "dflash2", "mtp", "eagle", "ngram"}
+    # V1's CUDA n-gram proposer (CUDA streams and events); `ngram` drafts the same n-grams on both runners.
+    with pytest.raises(ValueError, match="'ngram_gpu' is not a speculative method"):
+        select_speculator(Spec("ngram_gpu"))
 
 
 def test_dflash2_model_factories():

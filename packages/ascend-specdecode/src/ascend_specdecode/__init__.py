@@ -1,7 +1,7 @@
 """Speculative decoding for vLLM on Ascend: EAGLE/MTP, DFlash/DFlash2 and DSpark speculators and their vLLM glue.
 
 Public API (see README.md):
-  select_speculator(speculative_config) -> class   dispatch dspark -> dflash(2) -> mtp -> eagle
+  select_speculator(speculative_config) -> class   dispatch dspark -> dflash(2) -> mtp -> eagle -> ngram
   validate_speculative_config(spec, target)        one SpeculativeConfigError naming every bad value
   acceptance_from_metrics(llm.get_metrics())       per-position acceptance and mean accepted length
   AcceptanceReport.check_floor(floor)              fails naming each position under its floor

@@ -1,7 +1,8 @@
 """Which speculator family a speculative config asks for, decided in the order the Ascend plugin dispatches.
 
 Order: dspark -> dflash (DFlash2 when the draft declares a DFlash2 architecture) -> mtp -> eagle. ``draft_model``
-(an independent small LM) is accepted too: it is the one method whose draft can be literally the target.
+(an independent small LM) is accepted too: it is the one method whose draft can be literally the target. So is
+``ngram`` (prompt lookup: drafts copied from the request's own tokens, no draft model and no device kernel).
 """
 
 from __future__ import annotations
@@ -15,8 +16,9 @@ DFLASH2 = "dflash2"
 MTP = "mtp"
 EAGLE = "eagle"
 DRAFT_MODEL = "draft_model"
+NGRAM = "ngram"
 
-# Dispatch order of the target-dependent families; draft_model is independent of the target and checked last.
+# Dispatch order of the target-dependent families; draft_model and ngram are independent of the target, checked last.
 DISPATCH_ORDER = (DSPARK, DFLASH, MTP, EAGLE)
 
 EAGLE_METHODS = frozenset({"eagle", "eagle3"})
@@ -24,9 +26,10 @@ DFLASH2_ARCHITECTURES = frozenset({"DFlash2DraftModel"})
 # DFlash drafts vLLM runs with a speculator of their own that this package has no Ascend version of: dispatching
 # them as DFlash would silently drop their extra head.
 OTHER_DFLASH_ARCHITECTURES = {"LiLiCorrDraftModel": "LiLiCorr correlator drafts"}
-# Methods vLLM knows but this package does not speculate with (they run on the host or need other runners).
+# Methods vLLM knows but this package does not speculate with (they need other runners or upstream's CUDA drafters;
+# ``ngram_gpu`` is V1's CUDA n-gram proposer: ``ngram`` drafts the same n-grams on both runners here).
 UNSUPPORTED_METHODS = frozenset(
-    {"ngram", "ngram_gpu", "medusa", "mlp_speculator", "suffix", "custom_class", "extract_hidden_states"}
+    {"ngram_gpu", "medusa", "mlp_speculator", "suffix", "custom_class", "extract_hidden_states"}
 )
 
 
@@ -60,7 +63,9 @@ def method_family(method: str | None, architectures: Iterable[str] = ()) -> str:
         return EAGLE
     if method == DRAFT_MODEL:
         return DRAFT_MODEL
-    known = sorted({DSPARK, DFLASH, MTP, *EAGLE_METHODS, DRAFT_MODEL})
+    if method == NGRAM:
+        return NGRAM
+    known = sorted({DSPARK, DFLASH, MTP, *EAGLE_METHODS, DRAFT_MODEL, NGRAM})
     why = "is not a speculative method this plugin runs" if method in UNSUPPORTED_METHODS else "is unknown"
     raise ValueError(f"speculative method {method!r} {why}; expected one of {known} (or an MTP model type)")
 

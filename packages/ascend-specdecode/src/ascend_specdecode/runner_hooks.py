@@ -37,7 +37,8 @@ def install_speculative_decoding(runner: Any) -> None:
             raise RuntimeError(f"Ascend Model Runner V2 speculators cannot run here: {refused}")
 
         if runner.speculator is not None:
-            runner.speculator = build_speculator(runner.vllm_config, runner.device)
+            runner.speculator = build_speculator(runner.vllm_config, runner.device,
+                                                 getattr(runner, "req_states", None))
         return
     install_verifier(runner)
 

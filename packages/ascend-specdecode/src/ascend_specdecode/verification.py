@@ -11,6 +11,7 @@ Ascend replacement could not be exercised by any test on this machine.
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import replace
 from typing import Any
 
@@ -30,6 +31,12 @@ class AscendRejectionSampler(v1_rs.RejectionSampler):
     @classmethod
     def from_upstream(cls, upstream: v1_rs.RejectionSampler, spec_config: Any, device: Any) -> AscendRejectionSampler:
         return cls(upstream.sampler, spec_config, device)
+
+    @property
+    def ascend_counts(self) -> Counter[str]:
+        """Which path each verification took: ``greedy_verifications`` / ``sampled_verifications`` (the
+        `ascend_kernels` decision) or ``upstream_verifications`` (seeded requests, synthetic mode)."""
+        return self.__dict__.setdefault("_ascend_counts", Counter())
 
     def forward(
         self,
@@ -96,15 +103,18 @@ class AscendRejectionSampler(v1_rs.RejectionSampler):
         benchmarking mode, which fakes the decision: those stay on upstream's path.
         """
         if self.synthetic_mode or sampling_metadata.generators:
+            self.ascend_counts["upstream_verifications"] += 1
             return v1_rs.rejection_sample(
                 draft_token_ids, num_draft_tokens, max_spec_len, cu_num_draft_tokens, draft_probs, target_logits,
                 bonus_token_ids, sampling_metadata, synthetic_mode=self.synthetic_mode,
                 synthetic_conditional_rates=self.synthetic_conditional_rates, use_fp64_gumbel=self.use_fp64_gumbel,
             )  # fmt: skip
         if sampling_metadata.all_greedy:
+            self.ascend_counts["greedy_verifications"] += 1
             return greedy_verify(draft_token_ids, target_logits, cu_num_draft_tokens, bonus_token_ids, max_spec_len)
         # Upstream already applied temperature, top-k and top-p to target_logits: softmax gives the final p.
         probs = target_logits.softmax(dim=-1, dtype=torch.float32)
+        self.ascend_counts["sampled_verifications"] += 1
         return verify(
             draft_token_ids,
             cu_num_draft_tokens,
