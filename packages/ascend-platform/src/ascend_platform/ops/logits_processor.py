@@ -22,7 +22,10 @@ from ascend_platform import usage
 class AscendLogitsProcessor(LogitsProcessor):
     def forward(self, lm_head: Any, hidden_states: torch.Tensor, embedding_bias: torch.Tensor | None = None,
                 skip_gather: bool = False) -> torch.Tensor | None:
-        return super().forward(lm_head, hidden_states, embedding_bias, **logits_forward_kwargs(skip_gather))
+        # Named, not `super()`: vLLM's LoRA wrapper runs this with itself as `self` (`LogitsProcessorWithLoRA.forward`
+        # is `type(self.base_layer).forward(self, ...)`), and it is no AscendLogitsProcessor.
+        return LogitsProcessor.forward(self, lm_head, hidden_states, embedding_bias,
+                                       **logits_forward_kwargs(skip_gather))
 
     # The trailing default keeps the release lane's call `_get_logits(hidden_states, lm_head, embedding_bias)` valid.
     def _get_logits(self, hidden_states: torch.Tensor, lm_head: Any, embedding_bias: torch.Tensor | None,

@@ -157,11 +157,14 @@ class EngineHost:
 
     # ---- generation -----------------------------------------------------------------------------------------------
     def generate(self, prompts: Sequence[str] | None = None, *, prompt_token_ids: Sequence[Sequence[int]] | None = None,
-                 sequential: bool = False, timeout: float = CALL_TIMEOUT_S, **sampling: Any) -> dict[str, Any]:
-        """`LLM.generate` (greedy unless told otherwise): {"outputs": [{token_ids, text, logprobs, ...}], "seconds"}."""
+                 sequential: bool = False, timeout: float = CALL_TIMEOUT_S, lora: Any = None,
+                 **sampling: Any) -> dict[str, Any]:
+        """`LLM.generate` (greedy unless told otherwise): {"outputs": [{token_ids, text, logprobs, ...}], "seconds"}.
+        `lora`: the adapter of every request ({name, id, path}), or a list of those (None: the base model) with one
+        entry per request (the engine needs `enable_lora=True`)."""
         return self.call("generate", timeout, prompts=list(prompts) if prompts is not None else None,
                          prompt_token_ids=[list(p) for p in prompt_token_ids] if prompt_token_ids is not None
-                         else None, sampling=sampling, sequential=sequential)
+                         else None, sampling=sampling, sequential=sequential, lora=lora)
 
     @staticmethod
     def _request(r: Mapping[str, Any]) -> dict[str, Any]:

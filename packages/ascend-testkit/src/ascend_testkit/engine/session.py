@@ -155,20 +155,38 @@ class EngineSession:
             params["structured_outputs"] = StructuredOutputsParams(**params["structured_outputs"])
         return SamplingParams(**params)
 
+    @staticmethod
+    def lora_requests(lora: Any, count: int) -> list[Any] | None:
+        """`lora` as vLLM's per-request `LoRARequest`s: None (no adapter), one {name, id, path} for every request, or
+        a list of those (None for a base-model request), one per request."""
+        if lora is None:
+            return None
+        from vllm.lora.request import LoRARequest
+
+        rows = [lora] * count if isinstance(lora, Mapping) else list(lora)
+        if len(rows) != count:
+            raise ValueError(f"{len(rows)} LoRA entries for {count} requests")
+        return [None if r is None else LoRARequest(r["name"], int(r["id"]), str(r["path"])) for r in rows]
+
     def generate(self, prompts: Sequence[str] | None = None, prompt_token_ids: Sequence[Sequence[int]] | None = None,
-                 sampling: Mapping[str, Any] | None = None, sequential: bool = False) -> dict[str, Any]:
-        """`LLM.generate` over text prompts or token ids; `sequential` runs one request at a time."""
+                 sampling: Mapping[str, Any] | None = None, sequential: bool = False,
+                 lora: Any = None) -> dict[str, Any]:
+        """`LLM.generate` over text prompts or token ids; `sequential` runs one request at a time; `lora` names the
+        adapters the requests use (`lora_requests`)."""
         llm = self._engine()
         if (prompts is None) == (prompt_token_ids is None):
             raise ValueError("give exactly one of prompts or prompt_token_ids")
         inputs: list[Any] = (list(prompts) if prompts is not None
                              else [{"prompt_token_ids": list(ids)} for ids in prompt_token_ids or []])
         params = self.sampling(sampling)
+        adapters = self.lora_requests(lora, len(inputs))
         t0 = time.perf_counter()
         if sequential:
-            results = [o for p in inputs for o in llm.generate([p], params, use_tqdm=False)]
+            results = [o for i, p in enumerate(inputs)
+                       for o in llm.generate([p], params, use_tqdm=False,
+                                             lora_request=None if adapters is None else adapters[i])]
         else:
-            results = llm.generate(inputs, params, use_tqdm=False)
+            results = llm.generate(inputs, params, use_tqdm=False, lora_request=adapters)
         return {"outputs": _outputs(results), "seconds": time.perf_counter() - t0}
 
     def submit(self, requests: Sequence[Mapping[str, Any]]) -> list[str]:

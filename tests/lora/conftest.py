@@ -1,0 +1,80 @@
+"""The LoRA suite's engines: the tiny Llama with two tiny PEFT adapters (`ascend_testkit.models.lora_adapter`),
+served on plain vLLM CPU ("cpu", V1, no plugin: the anchor) and on ours in the simulated lane with the V1 runner
+("v1") and with Model Runner V2 ("v2", the lane's default). The hosts are the session's shared ones.
+
+Each engine starts once (`lora_runs[name]`) and serves, each in a batch of its own, the prompts with no adapter, with
+adapter 1 and with adapter 2; ours also serve one mixed batch (adapter 1's prompts beside adapter 2's). Plain vLLM
+CPU serves no mixed batch: the tests anchor every adapter on plain vLLM serving it alone.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from ascend_testkit.engine_runs import EngineRuns
+
+PROMPT_LENGTHS = (5, 17, 90)  # the 90-token prompt is prefilled in two chunks (budget 64)
+MAX_TOKENS = 10
+ENGINE = dict(dtype="float32", max_model_len=256, enforce_eager=True, max_num_seqs=8, seed=0,
+              max_num_batched_tokens=64, enable_chunked_prefill=True, enable_prefix_caching=False,
+              enable_lora=True, max_loras=2, max_lora_rank=8)
+ADAPTER_SEEDS = {"a1": 1, "a2": 2}
+
+
+@pytest.fixture(scope="session")
+def lora_adapters(cache_root, model_dir) -> dict[str, dict]:
+    """{"a1": {name, id, path}, "a2": ...}: what `host.generate(lora=...)` takes."""
+    from ascend_testkit.models.lora_adapter import LoraSpec, cached_lora_adapter
+
+    return {name: {"name": name, "id": i + 1,
+                   "path": str(cached_lora_adapter(LoraSpec(seed=seed), cache_root / "models", model_dir))}
+            for i, (name, seed) in enumerate(ADAPTER_SEEDS.items())}
+
+
+@pytest.fixture(scope="session")
+def lora_prompts() -> list[str]:
+    from ascend_testkit.models.tiny_llama import prompt_of_length
+
+    return [prompt_of_length(n, offset=3 * n) for n in PROMPT_LENGTHS]
+
+
+class LoraRuns(EngineRuns):
+    def __init__(self, hosts, model, adapters, prompts) -> None:
+        super().__init__()
+        self.hosts, self.model, self.adapters, self.prompts = hosts, model, adapters, prompts
+
+    def _run(self, name: str) -> dict:
+        host = self.hosts(name)
+        host.start(self.model, **ENGINE)
+        try:
+            def generate(lora) -> list[dict]:
+                return host.generate(self.prompts, max_tokens=MAX_TOKENS, logprobs=5, lora=lora)["outputs"]
+
+            result = {"base": generate(None), **{a: generate(spec) for a, spec in self.adapters.items()}}
+            if name != "cpu":
+                n = len(self.prompts)
+                mixed = host.generate(self.prompts * 2, max_tokens=MAX_TOKENS, logprobs=5,
+                                      lora=[self.adapters["a1"]] * n + [self.adapters["a2"]] * n)["outputs"]
+                result["mixed"] = {"a1": mixed[:n], "a2": mixed[n:]}
+        finally:
+            host.stop()
+        return result
+
+
+def _host(pool, name: str):
+    """The session's shared host of that name (see tests/conftest.py: cpu_host, sim_v1_host, sim_host)."""
+    if name == "cpu":
+        return pool.get("cpu", lane="cpu", runner="v1")
+    if name == "v1":
+        return pool.get("sim-v1", lane="simulated", runner="v1")
+    from ascend_core.upstream import mrv2_unavailable_reason
+
+    refused = mrv2_unavailable_reason()
+    if refused is not None:
+        pytest.skip(f"Model Runner V2 is refused on this vLLM (probe mrv2_kv_hooks): {refused}")
+    return pool.get("sim", lane="simulated", runner=None)  # Model Runner V2, vLLM's default here
+
+
+@pytest.fixture(scope="module")
+def lora_runs(host_pool, model_dir, lora_adapters, lora_prompts) -> LoraRuns:
+    return LoraRuns(lambda name: _host(host_pool, name), model_dir, lora_adapters, lora_prompts)
