@@ -61,20 +61,8 @@ class LoraRuns(EngineRuns):
         return result
 
 
-def _host(pool, name: str):
-    """The session's shared host of that name (see tests/conftest.py: cpu_host, sim_v1_host, sim_host)."""
-    if name == "cpu":
-        return pool.get("cpu", lane="cpu", runner="v1")
-    if name == "v1":
-        return pool.get("sim-v1", lane="simulated", runner="v1")
-    from ascend_core.upstream import mrv2_unavailable_reason
-
-    refused = mrv2_unavailable_reason()
-    if refused is not None:
-        pytest.skip(f"Model Runner V2 is refused on this vLLM (probe mrv2_kv_hooks): {refused}")
-    return pool.get("sim", lane="simulated", runner=None)  # Model Runner V2, vLLM's default here
-
-
 @pytest.fixture(scope="module")
-def lora_runs(host_pool, model_dir, lora_adapters, lora_prompts) -> LoraRuns:
-    return LoraRuns(lambda name: _host(host_pool, name), model_dir, lora_adapters, lora_prompts)
+def lora_runs(request, model_dir, lora_adapters, lora_prompts) -> LoraRuns:
+    # The session's shared hosts (tests/conftest.py); sim_host skips where MRV2 is refused, asked for only by v2 runs.
+    fixtures = {"cpu": "cpu_host", "v1": "sim_v1_host", "v2": "sim_host"}
+    return LoraRuns(lambda name: request.getfixturevalue(fixtures[name]), model_dir, lora_adapters, lora_prompts)
