@@ -1,0 +1,162 @@
+"""Several hosts on one machine: network namespaces joined by veth pairs, each host with an address of its own.
+
+Each host is a `LoopbackNamespace` (its holder process keeps it alive; `nsenter` starts processes in it) plus one
+address. A link is a veth pair between two hosts; every host carries its one address (a /32) on each of its links
+and a host route to each peer over that peer's link, so hosts reach exactly the hosts they are linked to, and
+cutting one link (`ip link set ... down`) leaves the others alone. A link takes an optional `tc tbf` rate limit on
+both ends. Delay is not offered: this kernel has no netem (a relay process would be needed).
+
+Nothing here touches the machine's own namespace: the veth pair is created inside the first host's namespace with
+its peer end moved straight into the second's. Needs root.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from dataclasses import dataclass, field
+
+from ascend_testkit.netns import LoopbackNamespace, NetnsUnavailableError
+
+# Addresses of the test hosts; they exist only inside namespaces the topology created.
+DEFAULT_SUBNET = "10.211.0."
+# tbf refuses a bucket smaller than one (GSO-sized) packet and cannot keep its rate with a bucket under rate/HZ.
+_MIN_BURST_BYTES = 256 << 10
+
+
+class TopologyError(RuntimeError):
+    pass
+
+
+@dataclass
+class Host:
+    """One host: its namespace and address. Duck-types as a namespace (`pid`, `command`, `popen`) for
+    `ascend_testkit.servers` (ServerProcess, inside)."""
+
+    name: str
+    address: str
+    ns: LoopbackNamespace
+    links: dict[str, str] = field(default_factory=dict)  # peer name -> this host's device towards it
+
+    @property
+    def pid(self) -> int:
+        return self.ns.pid
+
+    def command(self, argv: list[str]) -> list[str]:
+        return self.ns.command(argv)
+
+    def popen(self, argv: list[str], **kwargs) -> subprocess.Popen:
+        return self.ns.popen(argv, **kwargs)
+
+    def run(self, argv: list[str], timeout: float = 10.0) -> str:
+        """Run a short command (ip, tc) on this host; a failure raises with its stderr."""
+        done = subprocess.run(self.command(argv), capture_output=True, text=True, timeout=timeout, check=False)
+        if done.returncode != 0:
+            raise TopologyError(f"{self.name}: {' '.join(argv)} failed ({done.returncode}): {done.stderr.strip()}")
+        return done.stdout
+
+    def url(self, port: int) -> str:
+        return f"http://{self.address}:{port}"
+
+    def interfaces(self) -> list[str]:
+        return [line.split(":")[1].strip().split("@")[0] for line in self.run(["ip", "-o", "link", "show"]).splitlines()]
+
+
+@dataclass
+class Link:
+    a: Host
+    b: Host
+    rate: str | None = None
+
+    @property
+    def ends(self) -> tuple[tuple[Host, str, Host], tuple[Host, str, Host]]:
+        return (self.a, self.a.links[self.b.name], self.b), (self.b, self.b.links[self.a.name], self.a)
+
+    def down(self) -> None:
+        """Cut the link (both ends down: no carrier; packets in flight are lost, TCP peers see silence)."""
+        for host, dev, _ in self.ends:
+            host.run(["ip", "link", "set", dev, "down"])
+
+    def up(self) -> None:
+        """Restore the link; the kernel dropped the host routes with the carrier, so they are laid again."""
+        for host, dev, _ in self.ends:
+            host.run(["ip", "link", "set", dev, "up"])
+        for host, dev, peer in self.ends:
+            host.run(["ip", "route", "replace", f"{peer.address}/32", "dev", dev, "src", host.address])
+
+    def limit(self, rate: str | None) -> None:
+        """`tc tbf` at `rate` (tc's syntax: "5gbit", "800mbit") on both ends' egress; None removes the limit."""
+        for host, dev, _ in self.ends:
+            if rate is None:
+                subprocess.run(host.command(["tc", "qdisc", "del", "dev", dev, "root"]), capture_output=True,
+                               timeout=10, check=False)  # none there is fine
+                continue
+            burst = max(_MIN_BURST_BYTES, _bits_per_s(rate) // 8 // 100)  # 10 ms of traffic
+            host.run(["tc", "qdisc", "replace", "dev", dev, "root", "tbf", "rate", rate, "burst", str(burst),
+                      "latency", "100ms"])
+        self.rate = rate
+
+    def is_up(self) -> bool:
+        return all("LOWER_UP" in host.run(["ip", "link", "show", dev]) for host, dev, _ in self.ends)
+
+
+def _bits_per_s(rate: str) -> int:
+    units = {"kbit": 10**3, "mbit": 10**6, "gbit": 10**9, "bit": 1}
+    for unit, scale in units.items():
+        if rate.endswith(unit):
+            return int(float(rate[: -len(unit)]) * scale)
+    raise TopologyError(f"rate {rate!r}: expected a number followed by bit, kbit, mbit or gbit")
+
+
+class Topology:
+    """`Topology(["a", "b", "c"], links=[("a", "b"), ("b", "c")])`: hosts and the links between them (default:
+    every pair linked). `rate` limits every link; `topology.link("a", "b")` cuts, restores or limits one."""
+
+    def __init__(self, names: list[str], links: list[tuple[str, str]] | None = None, *, rate: str | None = None,
+                 subnet: str = DEFAULT_SUBNET, timeout_s: float = 10.0):
+        if len(set(names)) != len(names) or not names:
+            raise TopologyError(f"host names must be distinct and non-empty: {names}")
+        self.hosts: dict[str, Host] = {}
+        self._links: dict[frozenset[str], Link] = {}
+        try:
+            for i, name in enumerate(names, start=1):
+                self.hosts[name] = Host(name, f"{subnet}{i}", LoopbackNamespace(timeout_s))
+            pairs = links if links is not None else [(a, b) for i, a in enumerate(names) for b in names[i + 1:]]
+            for a, b in pairs:
+                self._connect(self.hosts[a], self.hosts[b], rate)
+        except BaseException:
+            self.close()
+            raise
+
+    def __getitem__(self, name: str) -> Host:
+        return self.hosts[name]
+
+    def link(self, a: str, b: str) -> Link:
+        return self._links[frozenset((a, b))]
+
+    def _connect(self, a: Host, b: Host, rate: str | None) -> None:
+        # Device names are per namespace: "to-<peer>" reads well in `ip link` and cannot clash.
+        dev_a, dev_b = f"to-{b.name}"[:15], f"to-{a.name}"[:15]
+        a.run(["ip", "link", "add", dev_a, "type", "veth", "peer", "name", dev_b, "netns", str(b.pid)])
+        a.links[b.name], b.links[a.name] = dev_a, dev_b
+        for host, dev, peer in ((a, dev_a, b), (b, dev_b, a)):
+            host.run(["ip", "addr", "add", f"{host.address}/32", "dev", dev])
+            host.run(["ip", "link", "set", dev, "up"])
+            host.run(["ip", "route", "replace", f"{peer.address}/32", "dev", dev, "src", host.address])
+        link = Link(a, b)
+        self._links[frozenset((a.name, b.name))] = link
+        if rate is not None:
+            link.limit(rate)
+
+    def close(self) -> None:
+        """End every host's namespace (its veth ends go with it)."""
+        for host in self.hosts.values():
+            host.ns.close()
+
+    def __enter__(self) -> Topology:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+__all__ = ["DEFAULT_SUBNET", "Host", "Link", "NetnsUnavailableError", "Topology", "TopologyError"]
