@@ -58,7 +58,8 @@ class Host:
         return f"http://{self.address}:{port}"
 
     def interfaces(self) -> list[str]:
-        return [line.split(":")[1].strip().split("@")[0] for line in self.run(["ip", "-o", "link", "show"]).splitlines()]
+        lines = self.run(["ip", "-o", "link", "show"]).splitlines()
+        return [line.split(":")[1].strip().split("@")[0] for line in lines]
 
 
 @dataclass
@@ -87,12 +88,31 @@ class Link:
         """`tc tbf` at `rate` (tc's syntax: "5gbit", "800mbit") on both ends' egress; None removes the limit."""
         for host, dev, _ in self.ends:
             if rate is None:
-                subprocess.run(host.command(["tc", "qdisc", "del", "dev", dev, "root"]), capture_output=True,
-                               timeout=10, check=False)  # none there is fine
+                subprocess.run(
+                    host.command(["tc", "qdisc", "del", "dev", dev, "root"]),
+                    capture_output=True,
+                    timeout=10,
+                    check=False,
+                )  # none there is fine
                 continue
             burst = max(_MIN_BURST_BYTES, _bits_per_s(rate) // 8 // 100)  # 10 ms of traffic
-            host.run(["tc", "qdisc", "replace", "dev", dev, "root", "tbf", "rate", rate, "burst", str(burst),
-                      "latency", "100ms"])
+            host.run(
+                [
+                    "tc",
+                    "qdisc",
+                    "replace",
+                    "dev",
+                    dev,
+                    "root",
+                    "tbf",
+                    "rate",
+                    rate,
+                    "burst",
+                    str(burst),
+                    "latency",
+                    "100ms",
+                ]
+            )
         self.rate = rate
 
     def is_up(self) -> bool:
@@ -111,8 +131,15 @@ class Topology:
     """`Topology(["a", "b", "c"], links=[("a", "b"), ("b", "c")])`: hosts and the links between them (default:
     every pair linked). `rate` limits every link; `topology.link("a", "b")` cuts, restores or limits one."""
 
-    def __init__(self, names: list[str], links: list[tuple[str, str]] | None = None, *, rate: str | None = None,
-                 subnet: str = DEFAULT_SUBNET, timeout_s: float = 10.0):
+    def __init__(
+        self,
+        names: list[str],
+        links: list[tuple[str, str]] | None = None,
+        *,
+        rate: str | None = None,
+        subnet: str = DEFAULT_SUBNET,
+        timeout_s: float = 10.0,
+    ):
         if len(set(names)) != len(names) or not names:
             raise TopologyError(f"host names must be distinct and non-empty: {names}")
         self.hosts: dict[str, Host] = {}
@@ -120,7 +147,7 @@ class Topology:
         try:
             for i, name in enumerate(names, start=1):
                 self.hosts[name] = Host(name, f"{subnet}{i}", LoopbackNamespace(timeout_s))
-            pairs = links if links is not None else [(a, b) for i, a in enumerate(names) for b in names[i + 1:]]
+            pairs = links if links is not None else [(a, b) for i, a in enumerate(names) for b in names[i + 1 :]]
             for a, b in pairs:
                 self._connect(self.hosts[a], self.hosts[b], rate)
         except BaseException:
