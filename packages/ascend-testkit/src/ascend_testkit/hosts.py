@@ -12,6 +12,7 @@ its peer end moved straight into the second's. Needs root.
 
 from __future__ import annotations
 
+import json
 import subprocess
 from dataclasses import dataclass, field
 
@@ -53,6 +54,11 @@ class Host:
         if done.returncode != 0:
             raise TopologyError(f"{self.name}: {' '.join(argv)} failed ({done.returncode}): {done.stderr.strip()}")
         return done.stdout
+
+    def bytes_sent(self, peer: str) -> int:
+        """Bytes this host sent over its link to `peer` (the veth end's counter)."""
+        stats = json.loads(self.run(["ip", "-s", "-j", "link", "show", "dev", self.links[peer]]))
+        return int(stats[0]["stats64"]["tx"]["bytes"])
 
     def url(self, port: int) -> str:
         return f"http://{self.address}:{port}"

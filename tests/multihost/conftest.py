@@ -1,0 +1,94 @@
+"""Three hosts on this machine (`ascend_testkit.hosts.Topology`): a prefill server on host "prefill", a decode server
+on host "decode", the router on host "router", each bound to its host's own address, every pair linked by a veth
+pair. The test process is the client: it enters the router's host to send requests (that host reaches the others
+only over its links)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+
+from ascend_testkit.servers import ServerProcess
+
+ROUTER_PORT = 8000
+PREFILL_PORT = 8100
+DECODE_PORT = 8200
+SIDE_CHANNEL_PORTS = {"prefill": 30300, "decode": 30400}
+# The connector's bounds: a transfer nobody claims (or finishes) is released after ABORT_TIMEOUT_S.
+KV_BOUNDS = {"abort_timeout_s": 10.0, "handshake_timeout_s": 2.0, "claim_wait_s": 3.0}
+ROUTER_ARGS = ["--health-interval", "1", "--health-timeout", "2", "--read-timeout", "60", "--prefill-timeout", "60"]
+READ_TIMEOUT_S = 60.0
+
+
+@dataclass
+class HostsServing:
+    topo: object
+    prefill: ServerProcess
+    decode: ServerProcess
+    router: ServerProcess
+
+    def client(self, server: ServerProcess, timeout: float = 120.0):
+        import openai
+
+        return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def topo():
+    from ascend_testkit.hosts import Topology
+    from ascend_testkit.netns import NetnsUnavailableError
+
+    try:
+        t = Topology(["prefill", "decode", "router"])
+    except NetnsUnavailableError as e:
+        pytest.fail(f"needs network namespaces (root, util-linux, iproute2): {e}")
+    yield t
+    t.close()
+
+
+@pytest.fixture(scope="module")
+def hosts_serving(tmp_path_factory, tiny_model, topo) -> HostsServing:
+    from ascend_testkit.host_servers import host_kv_config, start_router_on, start_serve_on
+
+    logs = tmp_path_factory.mktemp("multihost")
+    dev = {"VLLM_SERVER_DEV_MODE": "1"}
+    started = []
+    try:
+        for cpu, (role, kind) in enumerate((("prefill", "kv_producer"), ("decode", "kv_consumer"))):
+            host = topo[role]
+            kv = host_kv_config(host, kind, SIDE_CHANNEL_PORTS[role], role, **KV_BOUNDS)
+            port = PREFILL_PORT if role == "prefill" else DECODE_PORT
+            started.append(
+                start_serve_on(
+                    host, role, tiny_model, port, log_dir=logs, cpu=cpu, kv_transfer_config=kv, env_extra=dev
+                )
+            )
+        for server in started:
+            server.wait_healthy()
+        router = start_router_on(
+            topo["router"],
+            "router",
+            ROUTER_PORT,
+            prefill=[started[0].url],
+            decode=[started[1].url],
+            log_dir=logs,
+            args=ROUTER_ARGS,
+        )
+        started.append(router)
+        router.wait_healthy(timeout=60)
+        yield HostsServing(topo, started[0], started[1], router)
+    finally:
+        for server in started:
+            server.close()
+    leftovers = [s.name for s in started if s.alive]
+    assert not leftovers, f"servers still running: {leftovers}"
+
+
+@pytest.fixture
+def serving(hosts_serving):
+    """The servers, with this test's thread on the router's host (the client's place)."""
+    from ascend_testkit.servers import inside
+
+    with inside(hosts_serving.topo["router"]):
+        yield hosts_serving
