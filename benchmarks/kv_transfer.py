@@ -1,7 +1,7 @@
 """KV transfer benchmark: our Mooncake P2P connector against the raw TransferEngine, offloading against torch copy,
 and the two-engine time-to-landed-KV against vLLM's in-tree MooncakeConnector.
 
-The synthetic pull (`MooncakeAgent.pull`) runs the hand-off protocol (`p2p.handoff`) through the step driver a decode
+The synthetic pull (`StepDriver.pull`) runs the hand-off protocol (`p2p.handoff`) through the step driver a decode
 engine runs (`p2p.step_driver`), large reads on its background thread as in an engine, so connector_gib_s measures
 the engine's path; the two-engine figures are real engines.
 
@@ -22,6 +22,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 LAYERS, BLOCKS, PAGE = 32, 256, 64 << 10
@@ -79,7 +80,7 @@ def synthetic_producer(repeats: int) -> None:
     agent.serve(PRODUCER_PORT)
     _, remote = _request_blocks()
     for i in range(repeats + 1):
-        agent.hold(f"bench-{i}", f"req-{i}", [remote])
+        agent.holds.hold(f"bench-{i}", f"req-{i}", [remote])
     print(json.dumps({"ready": True, "rpc_port": agent.engine.rpc_port}), flush=True)
     sys.stdin.read()  # until the benchmark closes our stdin
     agent.close()
@@ -95,24 +96,27 @@ def synthetic_consumer(repeats: int, rpc_port: int) -> None:
     from ascend_kv_transfer.p2p.agent import MooncakeAgent
     from ascend_kv_transfer.p2p.geometry import match_regions
     from ascend_kv_transfer.p2p.plan import build_entries, coalesce_runs
+    from ascend_kv_transfer.p2p.step_driver import StepDriver
 
     raw, layers = _layers(0)
     agent = MooncakeAgent(engine_id="bench-consumer", geometry=_geometry(), options=MooncakeOptions())
     regions = describe_kv_caches(layers)
     agent.register(regions)
+    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ascend-kv-pull")
+    driver = StepDriver(agent, pool, inline_read_max_bytes=agent.options.inline_read_max_bytes)
     local, remote = _request_blocks()
     address = ("127.0.0.1", PRODUCER_PORT)
-    warm = agent.pull(address, "bench-0", [local])  # handshake + first-touch costs
+    warm = driver.pull(address, "bench-0", [local])  # handshake + first-touch costs
     assert warm.ok, warm.error
     l0 = layers["model.layers.3.attn"]
     assert int(l0[local[5], 0]) == 3 and int(l0[local[5], 1]) == remote[5], "pulled bytes are not the peer's pages"
     # Raw engine: the same bytes, one batched call with one entry per contiguous run (the best the engine offers).
-    meta = agent.peer_metadata(address)
+    meta = agent.peers.known(address)  # met in the warm-up's handshake
     entries = build_entries(match_regions(regions.regions, meta), coalesce_runs(local, remote))
     peer = f"127.0.0.1:{meta.rpc_port}"
     times, raw_times, result = [], [], warm
     for i in range(1, repeats + 1):  # interleaved, so both see the same machine load
-        result = agent.pull(address, f"bench-{i}", [local])
+        result = driver.pull(address, f"bench-{i}", [local])
         assert result.ok, result.error
         times.append(result.seconds)
         t = time.perf_counter()
@@ -153,6 +157,8 @@ def synthetic_consumer(repeats: int, rpc_port: int) -> None:
         "offload_save_gib_s": gib / min(save_t), "offload_load_gib_s": gib / min(load_t),
         "torch_copy_gib_s": gib / min(copy_t),
     }), flush=True)
+    driver.close()
+    pool.shutdown()
     agent.close()
     del raw
 

@@ -31,12 +31,12 @@ def main() -> None:
                               options=MooncakeOptions(side_channel_port=spec["port"]))
         agent.register(describe_kv_caches(layers))
         agent.serve(spec["port"])
-        agent.hold(spec["transfer_id"], f"req-{spec['transfer_id']}", [[0, 1, 2, 3]])
+        agent.holds.hold(spec["transfer_id"], f"req-{spec['transfer_id']}", [[0, 1, 2, 3]])
         agents.append(agent)
     print(json.dumps({"ready": True}), flush=True)
     for line in sys.stdin:
         if line.strip() == "stats":
-            print(json.dumps([a.stats.as_dict() | {"held_now": a.num_held()} for a in agents]), flush=True)
+            print(json.dumps([a.stats.as_dict() | {"held_now": a.holds.num_held()} for a in agents]), flush=True)
     for agent in agents:
         agent.close()
 

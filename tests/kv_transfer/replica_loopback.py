@@ -55,8 +55,7 @@ class Decode:
 
     def __init__(self, cons, producers):
         self.cons, self.producers, self.reports = cons, producers, []
-        self.driver = StepDriver(cons, lambda h, res: self.reports.append(res), ThreadPoolExecutor(1),
-                                 inline_read_max_bytes=1 << 30)
+        self.driver = StepDriver(cons, ThreadPoolExecutor(1), inline_read_max_bytes=1 << 30)
 
     def pull(self, port, tid, local, readers=1):
         self.driver.add(PullHandoff(req_id=tid, transfer_id=tid, address=(HOST, port), local_block_ids=[local],
@@ -66,7 +65,7 @@ class Decode:
     def run(self, done, bound_s=30.0):
         deadline = time.monotonic() + bound_s
         while time.monotonic() < deadline:
-            self.driver.advance()
+            self.reports.extend(res for _, res in self.driver.advance())
             for p in self.producers:
                 p.serve_pending()
             if done() and not self.driver.waiting() and not self.driver.channel.in_flight():
@@ -86,14 +85,14 @@ def readers_case(out):
         cons, c_layers = agent(f"decode-tp2-r{rank}", 10 + rank, tp_size=2)
         decodes.append((Decode(cons, [prod]), c_layers))
     plans = [plan_reads(r, 2, 1, replicated=True, transfer_id="t1") for r in range(2)]
-    prod.hold("t1", "req1", [[3, 4, 5]])
+    prod.holds.hold("t1", "req1", [[3, 4, 5]])
     finished, equal = [], []
     for (decode, c_layers), plan in zip(decodes, plans, strict=True):
         res = decode.pull(26500 + plan.source, "t1", [0, 1, 2], readers=plan.readers)
         equal.append(res.ok and res.nbytes == 3 * LAYERS * PAGE and same(c_layers, [0, 1, 2], p_layers, [3, 4, 5]))
-        finished.append(sorted(prod.take_finished_sends()))
+        finished.append(sorted(prod.holds.take_finished_sends()))
     out["readers"] = {"plans": [[p.source, p.readers] for p in plans], "copies_equal": equal,
-                      "finished_after_each_reader": finished, "held_now": prod.num_held(),
+                      "finished_after_each_reader": finished, "held_now": prod.holds.num_held(),
                       "released_done": prod.stats.released_done}
     for decode, _ in decodes:
         decode.cons.close()
@@ -110,22 +109,22 @@ def unread_case(out):
         [other] = plan.release
         if not early:
             for p, _ in prods:
-                p.hold(tid, f"req-{tid}", [[7, 8]])
+                p.holds.hold(tid, f"req-{tid}", [[7, 8]])
         notice = decode.driver.release_unread((HOST, 26600 + other), tid)
         decode.run(lambda notice=notice: notice.done)
         if early:  # the notice came first: the hold that lands later is freed at once
             for p, _ in prods:
-                p.hold(tid, f"req-{tid}", [[7, 8]])
-        unread_freed = sorted(prods[other][0].take_finished_sends())
-        held_before_read = prods[plan.source][0].num_held()
+                p.holds.hold(tid, f"req-{tid}", [[7, 8]])
+        unread_freed = sorted(prods[other][0].holds.take_finished_sends())
+        held_before_read = prods[plan.source][0].holds.num_held()
         res = decode.pull(26600 + plan.source, tid, [0, 1])
         found[tid] = {"unread_freed": unread_freed, "notice": [type(notice.reply).__name__, repr(notice.error)],
                       "source_held_before_read": held_before_read, "ok": res.ok, "nbytes": res.nbytes,
                       "bytes_equal": same(c_layers, [0, 1], prods[plan.source][1], [7, 8]),
-                      "source_freed": sorted(prods[plan.source][0].take_finished_sends())}
+                      "source_freed": sorted(prods[plan.source][0].holds.take_finished_sends())}
     out["unread"] = found
-    out["unread_stats"] = [[p.stats.released_done, p.stats.released_unread, p.stats.released_expired, p.num_held()]
-                           for p, _ in prods]
+    out["unread_stats"] = [[p.stats.released_done, p.stats.released_unread, p.stats.released_expired,
+                            p.holds.num_held()] for p, _ in prods]
     cons.close()
     for p, _ in prods:
         p.close()
@@ -134,7 +133,7 @@ def unread_case(out):
 def split_case(out):
     prod, _ = agent("prefill-tp2-split", 1, tp_size=2, port=26700, replicated=False)
     cons, _ = agent("decode-tp1-split", 30, tp_size=1, replicated=False)
-    prod.hold("t-split", "req-split", [[1]])
+    prod.holds.hold("t-split", "req-split", [[1]])
     res = Decode(cons, [prod]).pull(26700, "t-split", [0])
     out["split"] = {"ok": res.ok, "error": res.error}
     cons.close()

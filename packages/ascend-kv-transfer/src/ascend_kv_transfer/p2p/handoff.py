@@ -11,10 +11,11 @@ Every way a decode worker gets a prefill's KV is one `Handoff` per transfer:
     finish      DoneNotice(ok=True), so the prefill frees its blocks; after a failure a release,
                 DoneNotice(ok=False), unless the peer never answered (`SideChannelTimeout`: it would not hear it)
 
-The machine does no I/O: it says which message to send next and takes the replies. The engine's step-driven
-driver (`p2p.step_driver`) and the blocking `MooncakeAgent.pull` both run it, so tools, benchmarks and engines
-speak the same protocol with the same back-off. The prefill side answers an ask that is not ready yet by parking
-it for up to `PARK_S` and answering the moment it becomes ready; the back-off only paces asks that outlive a park.
+The machine does no I/O: it says which message to send next and takes the replies. The step driver
+(`p2p.step_driver`) runs it, on the engine's calls or, for tools and benchmarks, blocking (`StepDriver.pull`), so
+tools, benchmarks and engines speak the same protocol with the same back-off. The prefill side answers an ask that
+is not ready yet by parking it for up to `PARK_S` and answering the moment it becomes ready; the back-off only paces
+asks that outlive a park.
 """
 
 from __future__ import annotations
@@ -93,7 +94,7 @@ class Handoff:
         if self.awaiting is not None:
             return None
         if self.meta is None:
-            known = agent.known_peer(self.address)
+            known = agent.peers.known(self.address)
             if known is None:
                 self.awaiting = "metadata"
                 return schema.MetadataRequest(requester=agent.engine_id)
@@ -107,7 +108,7 @@ class Handoff:
         """Advance on the answer to the message `next_message` gave; raises when the hand-off failed."""
         what, self.awaiting = self.awaiting, None
         if what == "metadata":
-            self._met(agent.accept_peer(self.address, reply))
+            self._met(agent.peers.accept(self.address, reply))
         elif what == "ask":
             self._on_answer(agent, reply, now)
         else:
@@ -154,7 +155,7 @@ class PullHandoff(Handoff):
         self.granted, self.remote_block_ids, self.claim_epoch = True, reply.block_ids, reply.epoch
         if self.meta is not None and self.meta.epoch != reply.epoch:
             # The prefill re-registered its KV memory since we met it (sleep/wake): its regions moved.
-            agent.forget_peer(self.address)
+            agent.peers.forget(self.address)
             self.meta = None
 
     def _met(self, meta: schema.AgentMetadata) -> None:

@@ -89,19 +89,25 @@ class LayerwiseAgent(MooncakeAgent):
             logger.error("%d layerwise writes still running after %.0f s", self.writes_queued(), DRAIN_S)
         super().unregister()
 
-    def _forget_held(self, why: str) -> None:
-        super()._forget_held(why)
+    def _memory_gone(self, why: str) -> None:
+        super()._memory_gone(why)
         for st in self._pushes.values():  # pages computed into that memory are gone: their pushes can only fail
             with st.lock:
                 st.fail(f"the prefill {why}")
 
-    def drop(self, transfer_id: str) -> None:
-        super().drop(transfer_id)
+    def drop_push(self, transfer_id: str) -> None:
+        """The scheduler gave up on a transfer (request aborted): its queued writes must not land."""
         with self._lock:
             st = self._pushes.get(transfer_id)
         if st is not None:
             with st.lock:
                 st.fail("the prefill request was aborted")
+
+    def forget_expired_pushes(self) -> None:
+        """Transfers the hold table freed for good (`holds.is_expired`) will never be asked about again."""
+        with self._lock:
+            for transfer_id in [t for t in self._pushes if self.holds.is_expired(t)]:
+                del self._pushes[transfer_id]
 
     def close(self) -> None:
         self.writers.close()
@@ -140,13 +146,6 @@ class LayerwiseAgent(MooncakeAgent):
                 with st.lock:  # queued writes of a released transfer must not land in blocks the decode freed
                     st.fail("released by the decode side")
         return super()._handle(message)
-
-    def take_finished_sends(self) -> set[str]:
-        done = super().take_finished_sends()
-        with self._lock:  # transfers that expired will never be asked about again
-            for transfer_id in [t for t in self._pushes if t in self._expired]:
-                del self._pushes[transfer_id]
-        return done
 
     def known_destinations(self) -> list[str]:
         """Transfers whose decode side has registered its blocks and that are not pushed completely yet."""

@@ -87,9 +87,18 @@ class LayerwiseWorker(P2PWorker):
 
     def start_step(self, step: P2PStep) -> None:
         assert isinstance(self.agent, LayerwiseAgent)
+        for transfer_id in step.dropped_transfers:
+            self.agent.drop_push(transfer_id)
         super().start_step(step)
         for job in step.send.values():
             self.agent.finish(job.transfer_id, job.block_ids)
+
+    def get_finished(self) -> tuple[set[str], set[str]]:
+        assert isinstance(self.agent, LayerwiseAgent)
+        finished = super().get_finished()
+        if self.is_producer:
+            self.agent.forget_expired_pushes()
+        return finished
 
     def save_layer(self, layer: str, kv_layer: torch.Tensor | None, step: P2PStep) -> None:
         """From `save_kv_layer`, right after the layer's attention queued its cache write: queue its pushes."""

@@ -12,15 +12,16 @@ every request queued behind it. Here every hand-off advances whenever the engine
     that step; a larger one (or any read while another is on the thread) goes to the background thread, so one long
     prompt does not stall the running batch and two reads never share a peer's transfer queue.
 
-`run_blocking` drives the same machinery in a bounded loop for callers without an engine (`MooncakeAgent.pull`:
-benchmarks, tools), so they measure the path engines take.
+Ended hand-offs are returned by the call that ended them (`advance`, `abandon_all`), to the one caller on that
+thread. `pull` drives the same machinery in a bounded loop for callers without an engine (benchmarks, tools), so
+they measure the path engines take. The driver works on its agent's parts (peer book, stats, KV registration and
+transfer engine); the agent knows nothing of drivers.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -34,7 +35,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-Report = Callable[[Handoff, PullResult], None]
+Ended = list[tuple[Handoff, PullResult]]
 # Replies one `advance` takes for one hand-off before moving on (handshake answer, then the ask sent at once).
 _MOVES_PER_ADVANCE = 4
 # Bound on waiting for reads already running when the hand-offs are abandoned (Mooncake times a transfer out itself).
@@ -49,10 +50,8 @@ class _Running:
 
 
 class StepDriver:
-    def __init__(self, agent: MooncakeAgent, report: Report, pool: ThreadPoolExecutor | None, *,
-                 inline_read_max_bytes: int):
+    def __init__(self, agent: MooncakeAgent, pool: ThreadPoolExecutor | None, *, inline_read_max_bytes: int):
         self.agent = agent
-        self.report = report
         self.pool = pool
         self.inline_read_max_bytes = inline_read_max_bytes
         self.channel = AsyncSideChannelClient(agent.options.handshake_timeout_s, auth=agent.auth)
@@ -75,23 +74,26 @@ class StepDriver:
     def waiting(self) -> int:
         return len(self._running)
 
-    def advance(self) -> None:
-        """Move every hand-off as far as it goes without waiting; report the ones that landed or failed."""
+    def advance(self) -> Ended:
+        """Move every hand-off as far as it goes without waiting; returns the ones that landed or failed."""
         if not self._running and not self.channel.in_flight():
-            return
+            return []
         self.channel.poll()
-        remaining = []
+        remaining, ended = [], []
         for run in self._running:
             try:
                 finished = self._advance(run)
             except Exception as e:
                 self._fail(run, e)
                 finished = True
-            if not finished:
+            if finished:
+                ended.append((run.handoff, run.handoff.result))
+            else:
                 remaining.append(run)
         self._running = remaining
+        return ended
 
-    def abandon_all(self, reason: str) -> None:
+    def abandon_all(self, reason: str) -> Ended:
         """Fail every hand-off now (e.g. our KV memory is released under them); the prefills hear a release. A read
         already on the thread cannot be stopped: wait for it (bounded), so no transfer outlives the memory."""
         running, self._running = self._running, []
@@ -100,6 +102,7 @@ class StepDriver:
             logger.error("abandoned KV reads still running after %.0f s", DRAIN_S)
         for run in running:
             self._fail(run, RuntimeError(reason))
+        return [(run.handoff, run.handoff.result) for run in running]
 
     def _advance(self, run: _Running) -> bool:
         h = run.handoff
@@ -148,8 +151,7 @@ class StepDriver:
         if not result.nbytes and self.agent.kv is not None:  # a push: the prefill wrote whole blocks
             result.nbytes = result.blocks * self.agent.kv.bytes_per_block
         result.seconds = time.perf_counter() - h.started
-        self.agent.record(result)
-        self.report(h, result)
+        self.agent.stats.record(result)
         # Not awaited: if the notice is lost the prefill frees the blocks at its abort timeout.
         self.channel.send(h.address, schema.DoneNotice(transfer_id=h.transfer_id, ok=True, readers=h.readers))
         return True
@@ -159,41 +161,43 @@ class StepDriver:
         result = h.result
         result.error = f"{type(error).__name__}: {error}"
         result.seconds = time.perf_counter() - h.started
-        self.agent.forget_peer(h.address)
+        self.agent.peers.forget(h.address)
         if h.release_after(error):
             self.channel.send(h.address, schema.DoneNotice(transfer_id=h.transfer_id, ok=False, readers=h.readers))
-        self.agent.record(result)
-        self.report(h, result)
+        self.agent.stats.record(result)
 
-    def run_blocking(self, handoff: Handoff, *, bound_s: float) -> PullResult:
-        """Drive `handoff` (and nothing else) to its end; for callers that have no engine loop."""
+    def pull(self, address: tuple[str, int], transfer_id: str, local_block_ids: list[list[int]]) -> PullResult:
+        """Fetch the transfer's blocks into `local_block_ids` (per group; the tail of the peer's blocks), blocking:
+        one hand-off (and nothing else) driven to its end in a bounded loop, for callers with no engine loop."""
+        if self.agent.kv is None:
+            raise RuntimeError("register() the KV caches before pulling")
         if self._running:
-            raise RuntimeError("run_blocking needs a driver of its own (this one has hand-offs in flight)")
-        ended: list[PullResult] = []
-        report, self.report = self.report, lambda h, result: ended.append(result)
-        try:
-            self.add(handoff)
-            deadline = time.monotonic() + bound_s
-            while self._running:
-                self.advance()
-                if not self._running:
-                    break
-                if time.monotonic() > deadline:  # every step of the protocol is bounded; this is a backstop
-                    self.abandon_all(f"transfer {handoff.transfer_id!r} still running after {bound_s:g} s")
-                    break
-                run = self._running[0]
-                if run.reading is not None:  # the read is on the thread: sleep on it, not on the sockets
-                    wait([run.reading], timeout=0.1)
-                else:
-                    self.channel.wait(_wait_s(run))
-            # The DONE or release went out unanswered: wait for the peer to take it (bounded by the side channel's
-            # timeout), so a blocking caller returns with the prefill's blocks already released.
-            while self.channel.in_flight():
-                self.channel.wait(0.005)
-                self.channel.poll()
-        finally:
-            self.report = report
-        return ended[0] if ended else handoff.result
+            raise RuntimeError("a blocking pull needs a driver of its own (this one has hand-offs in flight)")
+        options = self.agent.options
+        handoff = PullHandoff(req_id=transfer_id, transfer_id=transfer_id, address=address,
+                              local_block_ids=local_block_ids, first_block=0,
+                              deadline=time.monotonic() + options.claim_wait_s, wait_s=options.claim_wait_s)
+        bound_s = options.claim_wait_s + 4 * options.handshake_timeout_s + options.abort_timeout_s
+        self.add(handoff)
+        deadline = time.monotonic() + bound_s
+        while self._running:
+            self.advance()
+            if not self._running:
+                break
+            if time.monotonic() > deadline:  # every step of the protocol is bounded; this is a backstop
+                self.abandon_all(f"transfer {transfer_id!r} still running after {bound_s:g} s")
+                break
+            run = self._running[0]
+            if run.reading is not None:  # the read is on the thread: sleep on it, not on the sockets
+                wait([run.reading], timeout=0.1)
+            else:
+                self.channel.wait(_wait_s(run))
+        # The DONE or release went out unanswered: wait for the peer to take it (bounded by the side channel's
+        # timeout), so a blocking caller returns with the prefill's blocks already released.
+        while self.channel.in_flight():
+            self.channel.wait(0.005)
+            self.channel.poll()
+        return handoff.result
 
     def close(self) -> None:
         self.channel.close()

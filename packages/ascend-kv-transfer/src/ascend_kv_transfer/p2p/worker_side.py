@@ -1,6 +1,7 @@
 """Worker half of the P2P connector: registers the KV memory, holds blocks (prefill), pulls them (decode).
 
-Hand-offs advance on the engine's own calls (`p2p.step_driver`); results are handed back through `get_finished`.
+Hand-offs advance on the engine's own calls (`p2p.step_driver`), all on the engine's thread: the ones that ended
+in a call are kept in a plain list until `get_finished` hands them to vLLM.
 A decode worker reads each transfer from the prefill rank `p2p.rank_groups` names (its own TP rank unless the KV is
 replicated over TP, MLA, and the TP sizes differ) and tells the prefill ranks nobody reads to free their blocks.
 A failed pull still reports the request as finished receiving, and its blocks as load errors, so vLLM recomputes
@@ -11,7 +12,6 @@ Ascend platform re-allocates it on wake-up): the registration follows it and han
 from __future__ import annotations
 
 import logging
-import queue
 import time
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
@@ -50,9 +50,9 @@ class P2PWorker:
                                    pp_rank=ranks.pp_rank, pcp_rank=ranks.pcp_rank)
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ascend-kv-pull") if self.is_consumer \
             else None
-        self._results: queue.Queue[tuple[str, list[list[int]], PullResult]] = queue.Queue()
-        self._driver = StepDriver(self.agent, self._report, self._pool,
-                                  inline_read_max_bytes=options.inline_read_max_bytes) \
+        # Pulls that ended since the last `get_finished`, as (request, its blocks, result); the engine's thread only.
+        self._ended: list[tuple[str, list[list[int]], PullResult]] = []
+        self._driver = StepDriver(self.agent, self._pool, inline_read_max_bytes=options.inline_read_max_bytes) \
             if self._pool is not None else None
         self.registrations = 0
         self._regions: KVRegions | None = None
@@ -88,20 +88,20 @@ class P2PWorker:
 
     def _abandon_handoffs(self, reason: str) -> None:
         if self._driver is not None and self._driver.waiting():
-            self._driver.abandon_all(reason)
+            self._keep(self._driver.abandon_all(reason))
 
     def start_step(self, step: P2PStep) -> None:
         for transfer_id in step.dropped_transfers:
-            self.agent.drop(transfer_id)
+            self.agent.holds.drop(transfer_id)
         for req_id, job in step.send.items():
-            self.agent.hold(job.transfer_id, req_id, job.block_ids)
+            self.agent.holds.hold(job.transfer_id, req_id, job.block_ids)
         if self.is_producer:
             self.agent.serve_pending()  # claims that arrived before this hold get it now
         for req_id, job in step.recv.items():
             assert self.is_consumer, "recv job on a worker that is not a KV consumer"
             self._receive(req_id, job)
         if self._driver is not None:
-            self._driver.advance()
+            self._keep(self._driver.advance())
 
     def read_plan(self, job: RecvJob) -> ReadPlan:
         prefill_tp = job.remote_tp_size or self.ranks.tp_size
@@ -118,8 +118,8 @@ class P2PWorker:
             if not any(job.local_block_ids):  # an abort's release: nothing to report (the prefill times it out)
                 return
             result = PullResult(job.transfer_id, ok=False, error=f"{type(e).__name__}: {e}")
-            self.agent.record(result)
-            self._results.put((req_id, job.local_block_ids, result))
+            self.agent.stats.record(result)
+            self._ended.append((req_id, job.local_block_ids, result))
             return
         host, port = job.address
         for rank in plan.release:
@@ -134,32 +134,29 @@ class P2PWorker:
                            local_block_ids=job.local_block_ids, first_block=job.first_block,
                            deadline=time.monotonic() + wait_s, wait_s=wait_s)
 
-    def _report(self, handoff: Handoff, result: PullResult) -> None:
-        self._results.put((handoff.req_id, handoff.local_block_ids, result))
+    def _keep(self, ended: list[tuple[Handoff, PullResult]]) -> None:
+        self._ended += [(handoff.req_id, handoff.local_block_ids, result) for handoff, result in ended]
 
     def get_finished(self) -> tuple[set[str], set[str]]:
         if self._driver is not None:
-            self._driver.advance()
+            self._keep(self._driver.advance())
         if self.is_producer:
             self.agent.serve_pending()
         recving: set[str] = set()
-        while True:
-            try:
-                req_id, local_block_ids, result = self._results.get_nowait()
-            except queue.Empty:
-                break
+        ended, self._ended = self._ended, []
+        for req_id, local_block_ids, result in ended:
             recving.add(req_id)
             self.pulled[req_id] = result
             while len(self.pulled) > _RECENT_PULLS:
                 self.pulled.popitem(last=False)
             if not result.ok:
                 self.load_failures.record(req_id, (b for ids in local_block_ids for b in ids))
-        sending = self.agent.take_finished_sends() if self.is_producer else set()
+        sending = self.agent.holds.take_finished_sends() if self.is_producer else set()
         return sending, recving
 
     def stats(self) -> dict[str, Any]:
         out = self.agent.stats.as_dict() | {
-            "held_now": self.agent.num_held(), "side_channel_refused": self.agent.refused(),
+            "held_now": self.agent.holds.num_held(), "side_channel_refused": self.agent.refused(),
             "registrations": self.registrations, "epoch": self.agent.epoch,
             # What Mooncake has registered now, as [address, bytes] (the KV memory the transfers may touch).
             "registered": [[s.addr, s.nbytes] for s in self.agent.engine.registered]}
