@@ -47,6 +47,16 @@ class KVRegions:
         return sum(r.page_bytes for r in self.regions)
 
 
+def connector_layers(kv_caches: Mapping[str, torch.Tensor],
+                     layer_groups: Mapping[str, int]) -> dict[str, torch.Tensor]:
+    """The tensors of `register_kv_caches` that a connector's KV cache groups cover (`layer_groups`), every one."""
+    ours = {name: t for name, t in kv_caches.items() if name in layer_groups}
+    missing = sorted(set(layer_groups) - set(ours))
+    if missing:
+        raise ValueError(f"register_kv_caches got no tensor for layers {missing[:4]} of the KV cache config")
+    return ours
+
+
 def describe_kv_caches(kv_caches: Mapping[str, torch.Tensor], num_blocks: int | None = None,
                        groups: Mapping[str, int] | None = None) -> KVRegions:
     """Regions (one per layer, in the dict's order) and the memory spans to register for `kv_caches`.

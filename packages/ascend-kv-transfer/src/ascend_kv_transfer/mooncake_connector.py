@@ -9,17 +9,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from vllm.distributed.kv_transfer.kv_connector.v1.base import (
-    KVConnectorMetadata,
-    KVConnectorRole,
-)
+from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
 from vllm.logger import init_logger
 
-from ascend_core.upstream import cache_hit_source, transfer_results
+from ascend_core.upstream import cache_hit_source
 from ascend_kv_transfer.options import MooncakeOptions, parse_options
-from ascend_kv_transfer.p2p.scheduler_side import P2PScheduler, P2PStep
+from ascend_kv_transfer.p2p.scheduler_side import P2PScheduler
 from ascend_kv_transfer.p2p.worker_side import P2PWorker
-from ascend_kv_transfer.split_role_connector import SplitRoleConnector
+from ascend_kv_transfer.split_role_connector import LoadResults, SplitRoleConnector, StepMetadata, block_major_layout
 from ascend_kv_transfer.stats import AscendKVConnectorStats, CounterDeltas
 from ascend_kv_transfer.vllm_config_info import engine_ranks, kv_geometry, layer_groups, worker_ranks
 
@@ -33,12 +30,7 @@ if TYPE_CHECKING:
 logger = init_logger(__name__)
 
 
-class P2PConnectorMetadata(KVConnectorMetadata):
-    def __init__(self, step: P2PStep):
-        self.step = step
-
-
-class AscendMooncakeConnector(SplitRoleConnector):
+class AscendMooncakeConnector(LoadResults, SplitRoleConnector):
     _cache_hit_source = cache_hit_source("P2P")
     scheduler_cls: type[P2PScheduler] = P2PScheduler
     worker_cls: type[P2PWorker] = P2PWorker
@@ -65,40 +57,20 @@ class AscendMooncakeConnector(SplitRoleConnector):
 
     @classmethod
     def get_required_kvcache_layout(cls, vllm_config: VllmConfig) -> str | None:
-        # Layer-outer, block-major pages: each layer's blocks are back to back, so a run of blocks is one transfer.
-        model = vllm_config.model_config
-        if model is None or model.use_mla:
-            return None
-        return "LBHNC"
+        return block_major_layout(vllm_config)
 
     # ---- scheduler ----------------------------------------------------------------------------------------------
     def get_loaded_kv_cache_group_ids(self, request: Request) -> tuple[int, ...]:
         return self._kv_cache_config.transfer_group_ids
 
-    def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
+    def build_connector_meta(self, scheduler_output: SchedulerOutput) -> StepMetadata:
         assert self._scheduler is not None
-        return P2PConnectorMetadata(self._scheduler.build_step())
+        return StepMetadata(self._scheduler.build_step())
 
     # ---- worker -------------------------------------------------------------------------------------------------
     def start_load_kv(self, forward_context: ForwardContext, **kwargs: Any) -> None:
         assert self._worker is not None
-        metadata = self._get_connector_metadata()
-        assert isinstance(metadata, P2PConnectorMetadata)
-        self._worker.start_step(metadata.step)
-
-    def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
-        assert self._worker is not None
-        sending, recving = self._worker.get_finished()
-        return sending or None, recving or None
-
-    def get_transfer_results(self, finished_req_ids: set[str]) -> Any:  # KVConnectorTransferResults (0.29+)
-        assert self._worker is not None
-        sending, recving = self._worker.get_finished()
-        return transfer_results(finished_sending=sending, finished_recving=recving,
-                                failed_recving=self._worker.load_failures.take_failed_reqs())
-
-    def get_block_ids_with_load_errors(self) -> set[int]:
-        return self._worker.load_failures.take_invalid_blocks() if self._worker is not None else set()
+        self._worker.start_step(self._step())
 
     def get_kv_connector_stats(self) -> AscendKVConnectorStats | None:
         return self._deltas.take(self._worker.stats()) if self._worker is not None else None

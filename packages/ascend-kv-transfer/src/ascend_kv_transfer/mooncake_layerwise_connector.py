@@ -12,14 +12,14 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from ascend_core.upstream import connector_kv_manager_unavailable_reason
-from ascend_kv_transfer.mooncake_connector import AscendMooncakeConnector, P2PConnectorMetadata
+from ascend_kv_transfer.mooncake_connector import AscendMooncakeConnector
 from ascend_kv_transfer.p2p.layerwise_sides import LayerwiseScheduler, LayerwiseWorker
-from ascend_kv_transfer.p2p.scheduler_side import P2PStep
+from ascend_kv_transfer.split_role_connector import StepMetadata
 
 if TYPE_CHECKING:
     import torch
     from vllm.config import VllmConfig
-    from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorMetadata, KVConnectorRole
+    from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
     from vllm.v1.attention.backend import AttentionMetadata
     from vllm.v1.core.kv_cache_manager import KVCacheManager
     from vllm.v1.core.sched.output import SchedulerOutput
@@ -45,9 +45,9 @@ class AscendMooncakeLayerwiseConnector(AscendMooncakeConnector):
         assert isinstance(self._scheduler, LayerwiseScheduler)
         self._scheduler.kv_cache_manager = kv_cache_manager
 
-    def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
+    def build_connector_meta(self, scheduler_output: SchedulerOutput) -> StepMetadata:
         assert isinstance(self._scheduler, LayerwiseScheduler)
-        return P2PConnectorMetadata(self._scheduler.build_layerwise_step(scheduler_output.num_scheduled_tokens))
+        return StepMetadata(self._scheduler.build_layerwise_step(scheduler_output.num_scheduled_tokens))
 
     def save_kv_layer(self, layer_name: str, kv_layer: torch.Tensor, attn_metadata: AttentionMetadata,
                       **kwargs: Any) -> None:
@@ -57,8 +57,3 @@ class AscendMooncakeLayerwiseConnector(AscendMooncakeConnector):
     def wait_for_save(self) -> None:
         assert isinstance(self._worker, LayerwiseWorker)
         self._worker.end_step(self._step())
-
-    def _step(self) -> P2PStep:
-        metadata = self._get_connector_metadata()
-        assert isinstance(metadata, P2PConnectorMetadata)
-        return metadata.step

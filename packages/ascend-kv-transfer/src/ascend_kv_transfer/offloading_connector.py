@@ -8,18 +8,15 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from vllm.distributed.kv_transfer.kv_connector.v1.base import (
-    KVConnectorMetadata,
-    KVConnectorRole,
-)
+from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
 from vllm.logger import init_logger
 
 from ascend_core.upstream import cache_hit_source
 from ascend_kv_transfer.offload.lru import HostTierIndex
-from ascend_kv_transfer.offload.scheduler_side import OffloadScheduler, OffloadStep
+from ascend_kv_transfer.offload.scheduler_side import OffloadScheduler
 from ascend_kv_transfer.offload.worker_side import OffloadWorker
 from ascend_kv_transfer.options import OffloadOptions, parse_options
-from ascend_kv_transfer.split_role_connector import SplitRoleConnector
+from ascend_kv_transfer.split_role_connector import SplitRoleConnector, StepMetadata
 from ascend_kv_transfer.stats import AscendKVConnectorStats, CounterDeltas
 from ascend_kv_transfer.vllm_config_info import bytes_per_block, layer_groups
 
@@ -30,11 +27,6 @@ if TYPE_CHECKING:
     from vllm.v1.kv_cache_interface import KVCacheConfig
 
 logger = init_logger(__name__)
-
-
-class OffloadConnectorMetadata(KVConnectorMetadata):
-    def __init__(self, step: OffloadStep):
-        self.step = step
 
 
 class AscendOffloadingConnector(SplitRoleConnector):
@@ -62,16 +54,14 @@ class AscendOffloadingConnector(SplitRoleConnector):
         return False  # a dropped store is only a future cache miss
 
     # ---- scheduler ----------------------------------------------------------------------------------------------
-    def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
+    def build_connector_meta(self, scheduler_output: SchedulerOutput) -> StepMetadata:
         assert self._scheduler is not None
-        return OffloadConnectorMetadata(self._scheduler.build_step())
+        return StepMetadata(self._scheduler.build_step())
 
     # ---- worker -------------------------------------------------------------------------------------------------
     def start_load_kv(self, forward_context: ForwardContext, **kwargs: Any) -> None:
         assert self._worker is not None
-        metadata = self._get_connector_metadata()
-        assert isinstance(metadata, OffloadConnectorMetadata)
-        self._worker.run_step(metadata.step)
+        self._worker.run_step(self._step())
 
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
         assert self._worker is not None

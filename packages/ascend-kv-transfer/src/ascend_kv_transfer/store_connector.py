@@ -18,7 +18,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 )
 from vllm.logger import init_logger
 
-from ascend_core.upstream import connector_kv_manager_unavailable_reason, transfer_results
+from ascend_core.upstream import connector_kv_manager_unavailable_reason
 from ascend_kv_transfer.pool.config_info import (
     engine_rank_sizes,
     layer_order,
@@ -30,10 +30,10 @@ from ascend_kv_transfer.pool.config_info import (
 )
 from ascend_kv_transfer.pool.keys import PoolKeys
 from ascend_kv_transfer.pool.options import StoreOptions, parse_store_options
-from ascend_kv_transfer.pool.scheduler_side import PoolScheduler, PoolStep
+from ascend_kv_transfer.pool.scheduler_side import PoolScheduler
 from ascend_kv_transfer.pool.store_client import StoreClient
 from ascend_kv_transfer.pool.worker_side import PoolWorker
-from ascend_kv_transfer.split_role_connector import SplitRoleConnector
+from ascend_kv_transfer.split_role_connector import LoadResults, SplitRoleConnector, StepMetadata, block_major_layout
 from ascend_kv_transfer.stats import GAUGE_KEYS, AscendKVConnectorStats, CounterDeltas
 from ascend_kv_transfer.vllm_config_info import layer_groups
 
@@ -49,11 +49,6 @@ if TYPE_CHECKING:
 logger = init_logger(__name__)
 
 
-class PoolConnectorMetadata(KVConnectorMetadata):
-    def __init__(self, step: PoolStep):
-        self.step = step
-
-
 def _check_failure_policy(transfer: Any) -> None:
     policy = getattr(transfer, "kv_load_failure_policy", "recompute")
     if policy != "recompute":
@@ -64,7 +59,7 @@ def _check_failure_policy(transfer: Any) -> None:
             "reads it there) and in this connector's entry (the only config this connector sees).")
 
 
-class AscendStoreConnector(SplitRoleConnector):
+class AscendStoreConnector(LoadResults, SplitRoleConnector):
     store_client_cls: type[StoreClient] = StoreClient
 
     def __init__(self, vllm_config: VllmConfig, role: KVConnectorRole, kv_cache_config: KVCacheConfig):
@@ -105,12 +100,9 @@ class AscendStoreConnector(SplitRoleConnector):
 
     @classmethod
     def get_required_kvcache_layout(cls, vllm_config: VllmConfig) -> str | None:
-        # A block's page of a layer must be one contiguous run of bytes (an object is a list of pages); layer-outer,
-        # block-major pages give that, and agree with the P2P connector under MultiConnector.
-        model = vllm_config.model_config
-        if model is None or model.use_mla:
-            return None
-        return "LBHNC"
+        # A block's page of a layer must be one contiguous run of bytes (an object is a list of pages); the same
+        # layout as the P2P connector's, so the two agree under MultiConnector.
+        return block_major_layout(vllm_config)
 
     # ---- scheduler ----------------------------------------------------------------------------------------------
     def bind_kv_cache_manager(self, kv_cache_manager: KVCacheManager) -> None:
@@ -127,9 +119,9 @@ class AscendStoreConnector(SplitRoleConnector):
         assert self._scheduler is not None
         return self._scheduler.request_finished(request)
 
-    def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
+    def build_connector_meta(self, scheduler_output: SchedulerOutput) -> StepMetadata:
         assert self._scheduler is not None
-        return PoolConnectorMetadata(self._scheduler.build_step(scheduler_output))
+        return StepMetadata(self._scheduler.build_step(scheduler_output))
 
     def update_connector_output(self, connector_output: KVConnectorOutput) -> None:
         if self._scheduler is not None and connector_output.finished_sending:
@@ -141,13 +133,8 @@ class AscendStoreConnector(SplitRoleConnector):
         super().shutdown()
 
     # ---- worker -------------------------------------------------------------------------------------------------
-    def _step(self) -> PoolStep:
-        metadata = self._get_connector_metadata()
-        assert isinstance(metadata, PoolConnectorMetadata)
-        return metadata.step
-
     def handle_preemptions(self, kv_connector_metadata: KVConnectorMetadata) -> None:
-        assert self._worker is not None and isinstance(kv_connector_metadata, PoolConnectorMetadata)
+        assert self._worker is not None and isinstance(kv_connector_metadata, StepMetadata)
         if kv_connector_metadata.step.preempted:
             self._worker.wait_for_saves(kv_connector_metadata.step.preempted)
 
@@ -158,20 +145,6 @@ class AscendStoreConnector(SplitRoleConnector):
     def wait_for_save(self) -> None:
         assert self._worker is not None
         self._worker.start_saves(self._step().saves)
-
-    def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
-        assert self._worker is not None
-        sending, recving = self._worker.get_finished()
-        return sending or None, recving or None
-
-    def get_transfer_results(self, finished_req_ids: set[str]) -> Any:  # KVConnectorTransferResults (0.29+)
-        assert self._worker is not None
-        sending, recving = self._worker.get_finished()
-        return transfer_results(finished_sending=sending, finished_recving=recving,
-                                failed_recving=self._worker.load_failures.take_failed_reqs())
-
-    def get_block_ids_with_load_errors(self) -> set[int]:
-        return self._worker.load_failures.take_invalid_blocks() if self._worker is not None else set()
 
     def get_kv_connector_stats(self) -> AscendKVConnectorStats | None:
         if self._worker is None:

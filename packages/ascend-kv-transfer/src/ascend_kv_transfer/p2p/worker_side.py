@@ -17,7 +17,7 @@ from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from ascend_kv_transfer.kv_regions import KVRegions, describe_kv_caches
+from ascend_kv_transfer.kv_regions import KVRegions, connector_layers, describe_kv_caches
 from ascend_kv_transfer.load_failures import LoadFailures
 from ascend_kv_transfer.options import MooncakeOptions
 from ascend_kv_transfer.p2p.agent import MooncakeAgent
@@ -62,10 +62,7 @@ class P2PWorker:
 
     def register_kv_caches(self, kv_caches: dict[str, Any]) -> None:
         """At start-up, and again whenever the KV memory was re-allocated (the Ascend platform's wake-up)."""
-        ours = {name: t for name, t in kv_caches.items() if name in self.layer_groups}
-        missing = sorted(set(self.layer_groups) - set(ours))
-        if missing:
-            raise ValueError(f"register_kv_caches got no tensor for layers {missing[:4]} of the KV cache config")
+        ours = connector_layers(kv_caches, self.layer_groups)
         regions = describe_kv_caches(ours, self.num_blocks, self.layer_groups)
         self._abandon_handoffs("the KV memory it was loading into was re-allocated")
         self.agent.register(regions)

@@ -18,7 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from ascend_kv_transfer.kv_regions import describe_kv_caches
+from ascend_kv_transfer.kv_regions import connector_layers, describe_kv_caches
 from ascend_kv_transfer.load_failures import LoadFailures
 from ascend_kv_transfer.pool.block_layout import BlockLayout
 from ascend_kv_transfer.pool.keys import PoolKeys
@@ -97,10 +97,7 @@ class PoolWorker:
         return sorted(self.layer_order)
 
     def register_kv_caches(self, kv_caches: dict[str, Any]) -> None:
-        ours = {name: t for name, t in kv_caches.items() if name in self.layer_groups}
-        missing = sorted(set(self.layer_groups) - set(ours))
-        if missing:
-            raise ValueError(f"register_kv_caches got no tensor for layers {missing[:4]} of the KV cache config")
+        ours = connector_layers(kv_caches, self.layer_groups)
         regions = describe_kv_caches(ours, self.num_blocks, self.layer_groups)
         self._kv_caches = ours  # the store holds raw addresses: keep the memory alive while it is registered
         self.layout = BlockLayout(regions.regions, self.layer_order)
