@@ -17,6 +17,9 @@ DECODE_PORT = 8200
 SIDE_CHANNEL_PORTS = {"prefill": 30300, "decode": 30400}
 # The connector's bounds: a transfer nobody claims (or finishes) is released after ABORT_TIMEOUT_S.
 KV_BOUNDS = {"abort_timeout_s": 10.0, "handshake_timeout_s": 2.0, "claim_wait_s": 3.0}
+# Mooncake's TCP transport drops a connection that made no progress for this long (default 30 s): what bounds a pull
+# stalled on a cut link, since the stalled read is inside Mooncake.
+MOONCAKE_ENV = {"MC_TCP_PROGRESS_TIMEOUT_SEC": "8"}
 ROUTER_ARGS = ["--health-interval", "1", "--health-timeout", "2", "--read-timeout", "60", "--prefill-timeout", "60"]
 READ_TIMEOUT_S = 60.0
 
@@ -27,6 +30,9 @@ class HostsServing:
     prefill: ServerProcess
     decode: ServerProcess
     router: ServerProcess
+    kv_bounds: dict
+    progress_timeout_s: float
+    read_timeout_s: float = READ_TIMEOUT_S
 
     def client(self, server: ServerProcess, timeout: float = 120.0):
         import openai
@@ -52,7 +58,7 @@ def hosts_serving(tmp_path_factory, tiny_model, topo) -> HostsServing:
     from ascend_testkit.host_servers import host_kv_config, start_router_on, start_serve_on
 
     logs = tmp_path_factory.mktemp("multihost")
-    dev = {"VLLM_SERVER_DEV_MODE": "1"}
+    dev = {"VLLM_SERVER_DEV_MODE": "1", **MOONCAKE_ENV}
     started = []
     try:
         for cpu, (role, kind) in enumerate((("prefill", "kv_producer"), ("decode", "kv_consumer"))):
@@ -77,7 +83,9 @@ def hosts_serving(tmp_path_factory, tiny_model, topo) -> HostsServing:
         )
         started.append(router)
         router.wait_healthy(timeout=60)
-        yield HostsServing(topo, started[0], started[1], router)
+        yield HostsServing(
+            topo, started[0], started[1], router, KV_BOUNDS, float(MOONCAKE_ENV["MC_TCP_PROGRESS_TIMEOUT_SEC"])
+        )
     finally:
         for server in started:
             server.close()

@@ -2,12 +2,22 @@
 third, AscendMooncakeConnector over TCP between the first two with `side_channel_host` set to each host's own
 address. Answers equal the single engine's greedy tokens (the prefill server serving a request alone), the prefill
 advertises its own host's address, the decode server took every prompt token's KV from the remote host, and the KV
-bytes crossed the prefill-decode link."""
+bytes crossed the prefill-decode link.
+
+Last (the servers are shared in file order): the prefill-decode link cut while a request crosses it (`ip link set
+... down` on both ends), then restored. The link is first rate-limited so the KV pull of a ~500-token prompt takes
+seconds; the cut lands once the decode leg has begun. The request must end within the connector's bounds with the
+single engine's tokens (the decode host recomputes what it could not pull) or a named error, never hang; the prefill
+host's held blocks are freed (its KV usage back to zero) within the abort timeout; once the link is up again requests
+move their KV over it again."""
 
 from __future__ import annotations
 
 import json
+import threading
+import time
 
+import httpx
 import pytest
 
 from ascend_testkit.models.tiny_llama import prompt_of_length
@@ -19,6 +29,8 @@ GREEDY = {"max_tokens": MAX_TOKENS, "temperature": 0, "extra_body": {"ignore_eos
 LENGTHS = [5, 129, 300]
 # The tiny Llama's KV per token: 2 layers x (K, V) x 2 heads x 32 dims x 4 bytes (float32).
 KV_BYTES_PER_TOKEN = 2 * 2 * 2 * 32 * 4
+SLOW_RATE = "1mbit"  # the fault test's prompt: 4 blocks x 128 KiB of KV, ~4 s on the wire
+LONG_PROMPT = 460
 
 
 def kv_received_tokens(decode) -> float:
@@ -73,3 +85,127 @@ def test_streamed_chat_across_hosts_equals_a_single_engines(serving):
     text = "".join(chunk.choices[0].delta.content or "" for chunk in stream if chunk.choices)
     assert text == single.choices[0].message.content
     assert json.dumps(text)  # a real string came back
+
+
+def _metric(server, name: str) -> float:
+    for line in server.get("/metrics", timeout=30)[1].decode().splitlines():
+        if line.startswith(name + "{") or line.startswith(name + " "):
+            return float(line.rsplit(" ", 1)[1])
+    raise AssertionError(f"{server.name} reports no {name}")
+
+
+def _status(serving) -> dict:
+    return json.loads(serving.router.get("/status")[1])
+
+
+def _wait(predicate, timeout: float, what: str) -> float:
+    t0 = time.monotonic()
+    while not predicate():
+        assert time.monotonic() - t0 < timeout, f"{what}: not within {timeout} s"
+        time.sleep(0.05)
+    return time.monotonic() - t0
+
+
+def test_link_cut_mid_transfer_ends_bounded_frees_blocks_and_recovers(serving):
+    bounds, read_timeout_s = serving.kv_bounds, serving.read_timeout_s
+    link = serving.topo.link("prefill", "decode")
+    prompt = prompt_of_length(LONG_PROMPT, offset=9000)
+    single = serving.client(serving.prefill).completions.create(model="tiny", prompt=prompt, **GREEDY)
+    expected = single.choices[0].text
+    _wait(lambda: _metric(serving.prefill, "vllm:kv_cache_usage_perc") == 0.0, 10, "prefill KV idle")
+    received_before = kv_received_tokens(serving.decode)
+    sent_before = _status(serving)["decode"][0]["sent"]
+
+    result: dict = {}
+
+    def send() -> None:
+        body = {"model": "tiny", "prompt": prompt, "max_tokens": MAX_TOKENS, "temperature": 0, "ignore_eos": True}
+        t0 = time.monotonic()
+        try:
+            with httpx.Client(timeout=2 * read_timeout_s) as client:
+                resp = client.post(serving.router.url + "/v1/completions", json=body)
+            result.update(status=resp.status_code, body=resp.json())
+        except httpx.HTTPError as exc:
+            result.update(status=0, body={"error": {"message": repr(exc)}})
+        result["seconds"] = time.monotonic() - t0
+
+    link.limit(SLOW_RATE)
+    try:
+        with serving_thread(serving.topo["router"], send) as sender:
+            # The decode leg has begun: the router sent the request on, and the pull is on the slow wire.
+            _wait(lambda: _status(serving)["decode"][0]["sent"] > sent_before, 30, "decode leg")
+            time.sleep(1.0)
+            cut_at = time.monotonic()
+            link.down()
+            # A request needing no transfer, sent straight to the decode server while the pull is stalled.
+            t0 = time.monotonic()
+            serving.client(serving.decode).completions.create(model="tiny", prompt=prompt_of_length(8), **GREEDY)
+            print(f"a plain request on the decode server during the stalled pull took {time.monotonic() - t0:.1f} s")
+            sender.join(timeout=2 * read_timeout_s + 10)
+            assert not sender.is_alive(), "the request hung past the router's bounds"
+        ended_after = time.monotonic() - cut_at
+        print(f"request ended {ended_after:.1f} s after the cut: {result['status']} {str(result['body'])[:300]}")
+        # A stalled pull ends when Mooncake's TCP transport gives up on the connection (MC_TCP_PROGRESS_TIMEOUT_SEC);
+        # the connector's own bounds cover the side-channel steps around it.
+        bound = serving.progress_timeout_s + 2 * bounds["handshake_timeout_s"] + 5
+        if result["status"] == 200:
+            # Recomputed on the decode host: the single engine's tokens.
+            assert result["body"]["choices"][0]["text"] == expected
+            assert ended_after < bound, ended_after
+        else:  # a named error, within the router's read timeout
+            assert result["body"]["error"]["message"], result
+            assert ended_after < read_timeout_s + 5, ended_after
+        # The prefill host's held blocks are freed (the transfer expires unclaimed or unfinished).
+        freed_in = _wait(
+            lambda: _metric(serving.prefill, "vllm:kv_cache_usage_perc") == 0.0,
+            bounds["abort_timeout_s"] + 15,
+            "prefill blocks freed",
+        )
+        print(f"prefill KV usage back to 0 {freed_in:.1f} s after the request ended")
+    finally:
+        link.up()
+        link.limit(None)
+
+    # Serving resumes over the restored link: the single engine's answer through the router.
+    _wait(lambda: json.loads(serving.router.get("/health")[1] or b"{}").get("decode") == 1, 30, "router healthy")
+    again = prompt_of_length(200, offset=9500)
+    routed = serving.client(serving.router).completions.create(model="tiny", prompt=again, **GREEDY)
+    direct = serving.client(serving.prefill).completions.create(model="tiny", prompt=again, **GREEDY)
+    assert routed.choices[0].text == direct.choices[0].text
+    print(f"KV tokens the decode host received before the cut: {received_before}")
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="the decode engine's TransferEngineHandle marks the prefill peer broken on the failed batch and never "
+    "forgets it (ascend_kv_transfer.p2p.transfer_engine: `_broken`, 'not retrying'): after the link returns every "
+    "request recomputes instead of pulling",
+)
+def test_kv_moves_again_once_the_link_is_restored(serving):
+    assert serving.topo.link("prefill", "decode").is_up()
+    received = kv_received_tokens(serving.decode)
+    prompt = prompt_of_length(200, offset=9700)
+    routed = serving.client(serving.router).completions.create(model="tiny", prompt=prompt, **GREEDY)
+    direct = serving.client(serving.prefill).completions.create(model="tiny", prompt=prompt, **GREEDY)
+    assert routed.choices[0].text == direct.choices[0].text
+    assert kv_received_tokens(serving.decode) - received == 200
+
+
+class serving_thread:  # noqa: N801 - used as a context manager like a function
+    """A thread whose network namespace is `host`'s (setns is per thread), joined on exit."""
+
+    def __init__(self, host, target):
+        from ascend_testkit.servers import inside
+
+        def run():
+            with inside(host):
+                target()
+
+        self.thread = threading.Thread(target=run, daemon=True)
+
+    def __enter__(self) -> threading.Thread:
+        self.thread.start()
+        return self.thread
+
+    def __exit__(self, *exc) -> None:
+        self.thread.join(timeout=150)
