@@ -101,7 +101,7 @@ class Link:
                     check=False,
                 )  # none there is fine
                 continue
-            burst = max(_MIN_BURST_BYTES, _bits_per_s(rate) // 8 // 100)  # 10 ms of traffic
+            burst = max(_MIN_BURST_BYTES, rate_bits_per_s(rate) // 8 // 100)  # 10 ms of traffic
             host.run(
                 [
                     "tc",
@@ -125,7 +125,8 @@ class Link:
         return all("LOWER_UP" in host.run(["ip", "link", "show", dev]) for host, dev, _ in self.ends)
 
 
-def _bits_per_s(rate: str) -> int:
+def rate_bits_per_s(rate: str) -> int:
+    """Bits per second of a tc rate ("5gbit", "800mbit")."""
     units = {"kbit": 10**3, "mbit": 10**6, "gbit": 10**9, "bit": 1}
     for unit, scale in units.items():
         if rate.endswith(unit):
@@ -192,4 +193,4 @@ class Topology:
         self.close()
 
 
-__all__ = ["DEFAULT_SUBNET", "Host", "Link", "NetnsUnavailableError", "Topology", "TopologyError"]
+__all__ = ["DEFAULT_SUBNET", "Host", "Link", "NetnsUnavailableError", "Topology", "TopologyError", "rate_bits_per_s"]
