@@ -166,6 +166,10 @@ class EngineHost:
                          prompt_token_ids=[list(p) for p in prompt_token_ids] if prompt_token_ids is not None
                          else None, sampling=sampling, sequential=sequential, lora=lora)
 
+    def embed(self, prompts: Sequence[str], *, timeout: float = CALL_TIMEOUT_S) -> dict[str, Any]:
+        """`LLM.embed` on a pooling engine: {"embeddings": [[float], ...] in prompt order, "seconds"}."""
+        return self.call("embed", timeout, prompts=list(prompts))
+
     @staticmethod
     def _request(r: Mapping[str, Any]) -> dict[str, Any]:
         """{id, prompt_token_ids | prompt, max_tokens, kv_transfer_params, sampling} -> the host's request form."""

@@ -189,6 +189,14 @@ class EngineSession:
             results = llm.generate(inputs, params, use_tqdm=False, lora_request=adapters)
         return {"outputs": _outputs(results), "seconds": time.perf_counter() - t0}
 
+    def embed(self, prompts: Sequence[str]) -> dict[str, Any]:
+        """`LLM.embed` (a pooling engine): {"embeddings": [[float], ...] in prompt order, "seconds"}."""
+        llm = self._engine()
+        t0 = time.perf_counter()
+        results = llm.embed(list(prompts), use_tqdm=False)
+        return {"embeddings": [list(map(float, r.outputs.embedding)) for r in results],
+                "seconds": time.perf_counter() - t0}
+
     def submit(self, requests: Sequence[Mapping[str, Any]]) -> list[str]:
         """Add requests ({id, prompt | prompt_token_ids, sampling}) without waiting; the host keeps stepping."""
         engine = self._engine().llm_engine
