@@ -235,8 +235,13 @@ def test_long_block_table_is_left_alone(strided_caches):
     _, k, v = strided_caches(4, 16, 2, 32, 32, torch.float32)
     table = torch.tensor([[2, 1, 99]])
     ops.paged_attention(
-        torch.randn(1, 4, 32), k, v, table, torch.tensor([0, 1], dtype=torch.int32),
-        torch.tensor([20], dtype=torch.int32), scale=0.2,
+        torch.randn(1, 4, 32),
+        k,
+        v,
+        table,
+        torch.tensor([0, 1], dtype=torch.int32),
+        torch.tensor([20], dtype=torch.int32),
+        scale=0.2,
     )
     assert table.tolist() == [[2, 1, 99]]
 
@@ -244,14 +249,20 @@ def test_long_block_table_is_left_alone(strided_caches):
 def test_block_path_runs_on_one_intra_op_thread_and_restores_the_callers(strided_caches, monkeypatch):
     from ascend_kernels.reference import attention
 
-    seen = []
-    attend = attention._attend_blocks
+    seen, in_place = [], []
+    attend, attend_pages = attention._attend_blocks, attention._attend_pages
     monkeypatch.setattr(attention, "_attend_blocks", lambda *a: seen.append(torch.get_num_threads()) or attend(*a))
+    monkeypatch.setattr(
+        attention, "_attend_pages", lambda *a: in_place.append(torch.get_num_threads()) or attend_pages(*a)
+    )
     previous = torch.get_num_threads()
     torch.set_num_threads(2)
     try:
+        # with sinks: one chunk of gathered pages; without: the pages read in place, a part per request
+        _run(strided_caches, q_lens=[1, 1], seq_lens=[20, 9], heads=4, kv_heads=2, dtype=torch.float32, with_sinks=True)
+        assert seen == [1] and in_place == [] and torch.get_num_threads() == 2
         _run(strided_caches, q_lens=[1, 1], seq_lens=[20, 9], heads=4, kv_heads=2, dtype=torch.float32)
-        assert seen == [1] and torch.get_num_threads() == 2
+        assert seen == [1] and in_place == [1, 1] and torch.get_num_threads() == 2
         _, k, v = strided_caches(4, 16, 2, 32, 32, torch.float32)
         with pytest.raises(RuntimeError):  # 3 query heads over 2 KV heads fail inside the chunk loop
             attention.paged_attention(
@@ -287,23 +298,32 @@ def test_chunks_shared_between_two_threads_match(strided_caches, monkeypatch, dt
     from ascend_kernels.reference import attention
 
     monkeypatch.setattr(attention, "CHUNK_BYTES", 1)  # one request per chunk
-    both_started = threading.Barrier(2, timeout=30)
-    calls = []
-    attend = attention._attend_blocks
-
-    def first_two_meet(*args):
-        calls.append(threading.get_ident())
-        if len(calls) <= 2:
-            both_started.wait()
-        return attend(*args)
-
-    monkeypatch.setattr(attention, "_attend_blocks", first_two_meet)
     previous = torch.get_num_threads()
     torch._C.set_num_threads(2)
     try:
-        _run(strided_caches, q_lens=[1, 1, 4, 1, 1, 2], seq_lens=[40, 17, 33, 5, 64, 20], heads=8, kv_heads=2,
-             dtype=dtype)
-        assert len(set(calls)) == 2 and torch.get_num_threads() == 2
+        # the gathered pages (sinks) and the pages read in place (none) alike
+        for name, with_sinks in (("_attend_blocks", True), ("_attend_pages", False)):
+            both_started = threading.Barrier(2, timeout=30)
+            calls = []
+            attend = getattr(attention, name)
+
+            def first_two_meet(*args, attend=attend, calls=calls, both_started=both_started):
+                calls.append(threading.get_ident())
+                if len(calls) <= 2:
+                    both_started.wait()
+                return attend(*args)
+
+            monkeypatch.setattr(attention, name, first_two_meet)
+            _run(
+                strided_caches,
+                q_lens=[1, 1, 4, 1, 1, 2],
+                seq_lens=[40, 17, 33, 5, 64, 20],
+                heads=8,
+                kv_heads=2,
+                dtype=dtype,
+                with_sinks=with_sinks,
+            )
+            assert len(set(calls)) == 2 and torch.get_num_threads() == 2
     finally:
         torch._C.set_num_threads(previous)
 
@@ -319,8 +339,13 @@ def test_query_inside_a_fused_qkv_buffer(strided_caches, dtype):
     table = [[3, 7, 1], [0, 5, 9], [2, 4, 11], [6, 8, 10]]
     qsl, seq_lens = [0, 1, 2, 3, 4], [40, 33, 17, 48]
     result = ops.paged_attention(
-        query, k, v, torch.tensor(table, dtype=torch.int32), torch.tensor(qsl, dtype=torch.int32),
-        torch.tensor(seq_lens, dtype=torch.int32), scale=32**-0.5,
+        query,
+        k,
+        v,
+        torch.tensor(table, dtype=torch.int32),
+        torch.tensor(qsl, dtype=torch.int32),
+        torch.tensor(seq_lens, dtype=torch.int32),
+        scale=32**-0.5,
     )
     expected = naive_paged_attention(query, k, v, table, qsl, seq_lens, 32**-0.5, True, None, None)
     torch.testing.assert_close(result.double(), expected, **TOL[dtype])
@@ -335,8 +360,16 @@ def test_requests_split_into_kv_head_groups(strided_caches, monkeypatch, dtype):
     parts = []
     attend = attention._attend_blocks
     monkeypatch.setattr(attention, "_attend_blocks", lambda q, k, *a: parts.append(k.shape[0]) or attend(q, k, *a))
-    _run(strided_caches, q_lens=[1, 3, 1], seq_lens=[40, 21, 33], heads=8, kv_heads=4, dtype=dtype, with_sinks=True,
-         window=19)
+    _run(
+        strided_caches,
+        q_lens=[1, 3, 1],
+        seq_lens=[40, 21, 33],
+        heads=8,
+        kv_heads=4,
+        dtype=dtype,
+        with_sinks=True,
+        window=19,
+    )
     assert parts == [1] * 12  # 3 requests x 4 KV heads, one (request, head) matrix each
 
 
@@ -355,12 +388,16 @@ def test_reduced_precision_where_the_cpu_only_emulates_it(strided_caches, monkey
     monkeypatch.setattr(attention, "CHUNK_BYTES", 1)  # every request as groups of KV heads
     seen = []  # (pages dtype, sinks given) per block-path part
     attend = attention._attend_blocks
-    monkeypatch.setattr(attention, "_attend_blocks",
-                        lambda q, k, *a: seen.append((k.dtype, a[-1] is not None)) or attend(q, k, *a))
+    monkeypatch.setattr(
+        attention, "_attend_blocks", lambda q, k, *a: seen.append((k.dtype, a[-1] is not None)) or attend(q, k, *a)
+    )
     fused = []
     sdpa = attention.F.scaled_dot_product_attention
-    monkeypatch.setattr(attention.F, "scaled_dot_product_attention",
-                        lambda *a, **kw: fused.append((a[1].dtype, a[1].dim())) or sdpa(*a, **kw))
+    monkeypatch.setattr(
+        attention.F,
+        "scaled_dot_product_attention",
+        lambda *a, **kw: fused.append((a[1].dtype, a[1].dim())) or sdpa(*a, **kw),
+    )
     converting = attention._converting_reader
     readers = []
     monkeypatch.setattr(attention, "_converting_reader", lambda *a: readers.append(a) or converting(*a))
@@ -369,8 +406,16 @@ def test_reduced_precision_where_the_cpu_only_emulates_it(strided_caches, monkey
         backing, k, v = strided_caches(*args, **kwargs)
         return (backing, k.contiguous(), v.contiguous()) if separate else (backing, k, v)
 
-    _run(caches, q_lens=[1, 1, 3], seq_lens=[32, 33, 21], heads=8, kv_heads=2, dtype=torch.bfloat16,
-         with_sinks=True, window=19)
+    _run(
+        caches,
+        q_lens=[1, 1, 3],
+        seq_lens=[32, 33, 21],
+        heads=8,
+        kv_heads=2,
+        dtype=torch.bfloat16,
+        with_sinks=True,
+        window=19,
+    )
     _run(caches, q_lens=[1, 1, 2], seq_lens=[16, 47, 30], heads=8, kv_heads=4, dtype=torch.bfloat16)
     _run(caches, q_lens=[1, 1], seq_lens=[32, 16], heads=8, kv_heads=2, dtype=torch.bfloat16, head_v=16)  # no mask
     if emulated:

@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from ascend_kernels.reference.chunk_threads import run_chunks
+from ascend_kernels.reference.paged_blocks import attend_pages as _attend_pages
 
 # Bytes per chunk (gathered K+V, plus the dense K copy reduced precision makes, see _attend_blocks): big enough to
 # batch a decode step, small enough to stay near the CPU caches. One thread (CPU time, benchmarks/kernels.py decode
@@ -206,8 +207,11 @@ def _emulated_matmul(dtype: torch.dtype) -> bool:
         return False
     if not torch.backends.mkldnn.is_available():
         return True
-    probe = (torch.ops.mkldnn._is_mkldnn_bf16_supported if dtype == torch.bfloat16
-             else torch.ops.mkldnn._is_mkldnn_fp16_supported)
+    probe = (
+        torch.ops.mkldnn._is_mkldnn_bf16_supported
+        if dtype == torch.bfloat16
+        else torch.ops.mkldnn._is_mkldnn_fp16_supported
+    )
     return not probe()
 
 
@@ -267,8 +271,10 @@ def _page_reader(key_cache: torch.Tensor, value_cache: torch.Tensor, table: torc
 
         def read_then_convert(rows, nbk: int, kv_heads: slice = slice(None)):
             k, v = read(rows, nbk, kv_heads)
-            return (_workspace("k_mm", k.shape, dtype, k.device).copy_(k),
-                    _workspace("v_mm", v.shape, dtype, v.device).copy_(v))
+            return (
+                _workspace("k_mm", k.shape, dtype, k.device).copy_(k),
+                _workspace("v_mm", v.shape, dtype, v.device).copy_(v),
+            )
 
         return read_then_convert
     d = key_cache.shape[3]
@@ -281,8 +287,10 @@ def _page_reader(key_cache: torch.Tensor, value_cache: torch.Tensor, table: torc
             if packed is not None:
                 kv = _gather_pages("kv", packed[:, :, kv_heads], blocks).flatten(0, 1)
                 return kv[..., :d], kv[..., d:]
-            return (_gather_pages("k", key_cache[:, :, kv_heads], blocks).flatten(0, 1),
-                    _gather_pages("v", value_cache[:, :, kv_heads], blocks).flatten(0, 1))
+            return (
+                _gather_pages("k", key_cache[:, :, kv_heads], blocks).flatten(0, 1),
+                _gather_pages("v", value_cache[:, :, kv_heads], blocks).flatten(0, 1),
+            )
 
         return read_any
     page_rows, per_block, first = pages
@@ -325,8 +333,13 @@ def _attend_blocks(q, k, v, mask, scale, sink_rows):
         # i.e. the emulated bmm: ~5x slower).
         n = mask.shape[0] if mask is not None else 1
         shape = (n, q.shape[0] // n, -1)
-        o = F.scaled_dot_product_attention(q.view(*shape, q.shape[2]), k.view(*shape, k.shape[2]),
-                                           v.view(*shape, v.shape[2]), attn_mask=mask, scale=scale)
+        o = F.scaled_dot_product_attention(
+            q.view(*shape, q.shape[2]),
+            k.view(*shape, k.shape[2]),
+            v.view(*shape, v.shape[2]),
+            attn_mask=mask,
+            scale=scale,
+        )
         return o.flatten(0, 1)
     if k.dtype != torch.float32 and not k.is_contiguous():
         # oneDNN's reduced-precision GEMM is ~2-8x slower on a strided K^T than a copy plus a dense one.
@@ -405,15 +418,32 @@ def paged_attention(
     def by_blocks(m: int) -> bool:  # else torch's fused attention, which tiles a long prefill's [rows, keys] problem
         return sinks is not None or dv != d or m * g <= SMALL_ROWS
 
+    # Few rows without sinks read the pages in place (`paged_blocks`), one request (or KV-head group) per part;
+    # a precision the CPU only emulates keeps the gathered pages and torch's fused attention.
+    in_place = (
+        sinks is None
+        and value_cache.dtype == key_cache.dtype
+        and not (key_cache.device.type == "cpu" and _emulated_matmul(key_cache.dtype))
+    )
+    table_host: list[list[int]] = []
+
     threads = torch.get_num_threads()
     limit = max(1, CHUNK_BYTES // max(1, threads))
     chunks = _chunks(qlens, ctx_blocks, per_block, limit)
     read = None
-    if any(by_blocks(qlens[idx[0]]) for idx in chunks):
+    if not in_place and any(by_blocks(qlens[idx[0]]) for idx in chunks):
         read = _page_reader(key_cache, value_cache, table, read_dtype)
 
     def head_groups(idx: list[int]) -> list[tuple[list[int], slice]]:
-        """A chunk's (requests, KV heads) parts: a lone request over the budget is split into groups of KV heads."""
+        """A chunk's (requests, KV heads) parts: a lone request over the budget is split into groups of KV heads.
+
+        In place, every request is a part of its own (there is no gathered workspace to bound), split into KV-head
+        groups when there are fewer requests than threads, so that every thread has a share.
+        """
+        if in_place and by_blocks(qlens[idx[0]]):
+            groups = min(hkv, threads) if len(request_ids) < threads else 1
+            size = -(-hkv // groups)
+            return [([i], slice(h, min(h + size, hkv))) for i in idx for h in range(0, hkv, size)]
         if len(idx) > 1 or not by_blocks(qlens[idx[0]]) or ctx_blocks[idx[0]] * per_block <= limit:
             return [(idx, slice(None))]
         groups = min(hkv, -(-ctx_blocks[idx[0]] * per_block // limit))
@@ -448,6 +478,26 @@ def paged_attention(
         q = q.reshape(n * hh, g, d) if m == 1 else q.transpose(1, 2).reshape(n * hh, m * g, d)
         everything_visible = m == 1 and all(lens[i] == length for i in idx)
         everything_visible = everything_visible and (sliding_window is None or sliding_window >= length)
+        if in_place and by_blocks(m):
+            if m == 1 and sliding_window is None:  # a decode sees its context: no mask tensor to build
+                mask, visible = None, lens[idx[0]]
+            else:
+                mask, visible = (
+                    None if everything_visible else _mask(ctx.long(), m, g, length, causal, sliding_window)[0],
+                    None,
+                )
+            o = _attend_pages(
+                q,
+                key_cache[:, :, kv_heads],
+                value_cache[:, :, kv_heads],
+                table_host[idx[0]][:nbk],
+                scale,
+                mask,
+                visible,
+            )
+            if m == 1:
+                return rows, q_heads, o.view(n, hh * g, dv)
+            return rows, q_heads, o.view(n, hh, m, g, dv).transpose(1, 2).reshape(n * m, hh * g, dv)
         mask = None if everything_visible else _mask(ctx.long(), m, g, length, causal, sliding_window)
         if by_blocks(m):
             sink_rows = None
@@ -470,6 +520,9 @@ def paged_attention(
         else:
             out[:, q_heads].index_copy_(0, rows, o.to(out.dtype))
 
+    request_ids = [i for idx in chunks if by_blocks(qlens[idx[0]]) for i in idx]
+    if in_place and request_ids:
+        table_host.extend(table.tolist())
     with _one_intra_op_thread():  # many small ops per chunk: see _one_intra_op_thread for why
         # The caller's intra-op threads become threads sharing whole chunks (see chunk_threads for why).
         parts = [part for idx in chunks if by_blocks(qlens[idx[0]]) for part in head_groups(idx)]
@@ -499,8 +552,9 @@ def _packed_mla(latent_cache: torch.Tensor, rope_cache: torch.Tensor) -> torch.T
     return latent_cache.as_strided((nb, bs, h, r + rope_cache.shape[3]), latent_cache.stride())
 
 
-def mla_decode_attention(q_nope_absorbed, q_rope, latent_cache, rope_cache, block_table, seq_lens, *, scale, out=None,
-                         seq_lens_host=None):
+def mla_decode_attention(
+    q_nope_absorbed, q_rope, latent_cache, rope_cache, block_table, seq_lens, *, scale, out=None, seq_lens_host=None
+):
     b, h, r = q_nope_absorbed.shape
     bs = latent_cache.shape[1]
     if out is None:
