@@ -50,36 +50,57 @@ def test_random_batches_match_the_naive_rule():
         cu = torch.zeros(7, dtype=torch.int64)
         cu[1:] = torch.cumsum(counts, 0)
         logits = torch.randn(int(cu[-1]), 30, generator=g)
-        tokens = torch.where(torch.rand(int(cu[-1]), generator=g) < 0.6,
-                             torch.roll(logits.argmax(-1), 1), torch.randint(0, 30, (int(cu[-1]),), generator=g))
+        tokens = torch.where(
+            torch.rand(int(cu[-1]), generator=g) < 0.6,
+            torch.roll(logits.argmax(-1), 1),
+            torch.randint(0, 30, (int(cu[-1]),), generator=g),
+        )
         sampled, num = greedy_verify_rows(logits, tokens, cu, 3)
         assert [sampled[r, :c].tolist() for r, c in enumerate(num.tolist())] == naive(logits, tokens, cu)
 
 
 class _Upstream:
-    """Stands in for vLLM's verifier state: the sampler's temperatures and the speculative settings."""
+    """Stands in for vLLM's verifier state: the sampler's temperatures and seeds and the speculative settings."""
 
     def __init__(self, temperatures):
-        states = SimpleNamespace(temperature=SimpleNamespace(np=np.array(temperatures, dtype=np.float32)))
+        n = len(temperatures)
+        states = SimpleNamespace(
+            temperature=SimpleNamespace(np=np.array(temperatures, dtype=np.float32)),
+            seeds=SimpleNamespace(np=np.arange(n, dtype=np.int64) + 11),
+            seeds_set=np.array([True] + [False] * (n - 1)),
+        )
         self.sampler = SimpleNamespace(sampling_states=states, apply_sampling_params=lambda logits, *a: logits)
         self.num_speculative_steps = 3
         self.synthetic_conditional_rates = None
+        self.use_block_verification = False
+        self.watermark_key = None
 
 
-@pytest.mark.parametrize(("temperatures", "path"), [([0.0, 0.0], "greedy_verifications"),
-                                                    ([0.0, 0.7], "upstream_verifications")])
-def test_sampled_batches_go_to_upstreams_kernels(monkeypatch, temperatures, path):
+@pytest.mark.parametrize(
+    ("temperatures", "draft_logits", "path"),
+    [
+        ([0.0, 0.0], None, "greedy_verifications"),
+        ([0.0, 0.7], None, "sampled_verifications"),
+        ([0.0, 0.7], torch.zeros(2, 3, 4), "upstream_verifications"),
+    ],
+)
+def test_verification_paths(monkeypatch, temperatures, draft_logits, path):
+    """Greedy and sampled batches are decided by `ascend_kernels`; probabilistic drafts (a draft distribution
+    q) stay on upstream's kernels."""
     from vllm.v1.worker.gpu.spec_decode.rejection_sampler import RejectionSampler
 
     from ascend_specdecode.mrv2_verification import AscendMRV2RejectionSampler
 
     verifier = AscendMRV2RejectionSampler.from_upstream(_Upstream(temperatures))  # type: ignore[arg-type]
     monkeypatch.setattr(RejectionSampler, "_verify", lambda self, *a: ("upstream", None, None))
-    logits = torch.eye(4)
+    logits = torch.eye(4) * 50  # each row is (as good as) one-hot: sampling it gives its argmax
     cu = torch.tensor([0, 2, 4])
     tokens = torch.tensor([0, 0, 0, 2], dtype=torch.int32)
-    result = verifier._verify(logits, None, tokens, None, cu, None, np.array([0, 1]), None, None, None, tokens)
+    pos = torch.tensor([5, 6, 9, 10])
+    result = verifier._verify(logits, draft_logits, tokens, pos, cu, None, np.array([0, 1]), None, None, None, tokens)
     assert verifier.ascend_counts[path] == 1
-    if path == "greedy_verifications":
+    if path != "upstream_verifications":
         assert result[2].tolist() == [2, 2]  # each request accepts its draft (the row's argmax) plus a bonus
         assert result[1][:, :2].tolist() == [[0, 1], [2, 3]]
+    if path == "sampled_verifications":
+        assert verifier.ascend_counts["seeded_rows"] == 1

@@ -1,12 +1,12 @@
 """Draft verification through the `ascend_kernels` rejection sampler, for vLLM's V1 model runner.
 
-The upstream samplers stay in charge of everything around verification (logits processors, penalties, temperature,
-bonus tokens, logprobs); only the accept/reject decision moves to `ascend_kernels.ops.rejection_sample`, the op that
-has an NPU kernel on Ascend and a pure-torch reference elsewhere. That decision is what makes speculation lossless,
-so it is the part the Ascend build must own.
+The upstream samplers stay in charge of everything around verification (logits processors, penalties, bonus tokens,
+logprobs). The accept/reject decision moves to `ascend_kernels.ops.rejection_sample`, the op that has an NPU kernel
+on Ascend and a pure-torch reference elsewhere: that decision is what makes speculation lossless, so it is the part
+the Ascend build must own. The sampling constraints on the target rows (temperature, then top-k/top-p through
+`ascend_kernels.ops.top_k_top_p`) are applied here too (`apply_sampling_constraints` says why).
 
-Model Runner V2 keeps upstream's verifier for now: it is written in Triton, which has no CPU backend here, so an
-Ascend replacement could not be exercised by any test on this machine.
+Model Runner V2's verifier is `mrv2_verification`.
 """
 
 from __future__ import annotations
@@ -25,6 +25,35 @@ from ascend_specdecode.kernel_bridge import greedy_verify, verify
 logger = init_logger(__name__)
 
 
+def apply_sampling_constraints(
+    logits: torch.Tensor, num_draft_tokens: list[int], sampling_metadata: Any
+) -> torch.Tensor:
+    """Upstream's `apply_sampling_constraints` (temperature in place, then top-k / top-p) with each request's values
+    repeated over its draft rows by torch and the filter taken by `ascend_kernels.ops.top_k_top_p`.
+
+    Upstream expands the per-request values with its `expand_kernel`, whose C++ fallback on vLLM's CPU build (0.32:
+    `cpu_triton_utils._expand_kernel_impl`) writes into an int64 copy of a float output: the temperatures it hands
+    back are uninitialised memory, and sampled speculation on that build draws from garbage (tokens collapse to id
+    0). Nothing here depends on Triton or its fallbacks.
+    """
+    if sampling_metadata.all_greedy:
+        return logits
+    from ascend_kernels.ops import top_k_top_p
+
+    counts = torch.tensor(num_draft_tokens, device=logits.device)
+    temperature = sampling_metadata.temperature
+    temperature = torch.where(temperature == v1_rs.GREEDY_TEMPERATURE, 1.0, temperature)  # greedy rows: unscaled
+    logits.div_(temperature.repeat_interleave(counts, output_size=logits.shape[0]).unsqueeze(-1).to(logits.dtype))
+    top_k, top_p = sampling_metadata.top_k, sampling_metadata.top_p
+    if top_k is None and top_p is None:
+        return logits
+    return top_k_top_p(
+        logits,
+        None if top_k is None else top_k.repeat_interleave(counts, output_size=logits.shape[0]),
+        None if top_p is None else top_p.repeat_interleave(counts, output_size=logits.shape[0]),
+    )
+
+
 class AscendRejectionSampler(v1_rs.RejectionSampler):
     """The V1 rejection sampler with the accept/reject step done by `ascend_kernels`."""
 
@@ -35,7 +64,8 @@ class AscendRejectionSampler(v1_rs.RejectionSampler):
     @property
     def ascend_counts(self) -> Counter[str]:
         """Which path each verification took: ``greedy_verifications`` / ``sampled_verifications`` (the
-        `ascend_kernels` decision) or ``upstream_verifications`` (seeded requests, synthetic mode)."""
+        `ascend_kernels` decision; ``seeded_rows`` counts requests verified with their own generator) or
+        ``upstream_verifications`` (synthetic mode)."""
         return self.__dict__.setdefault("_ascend_counts", Counter())
 
     def forward(
@@ -60,7 +90,7 @@ class AscendRejectionSampler(v1_rs.RejectionSampler):
         if not self.is_processed_logprobs_mode:
             target_logits = target_logits.clone()
         target_logits = self.apply_logits_processors(target_logits, sampling_metadata, metadata)
-        target_logits = v1_rs.apply_sampling_constraints(target_logits, metadata.cu_num_draft_tokens, sampling_metadata)
+        target_logits = apply_sampling_constraints(target_logits, metadata.num_draft_tokens, sampling_metadata)
 
         output_token_ids = self.verify(
             metadata.draft_token_ids,
@@ -98,11 +128,13 @@ class AscendRejectionSampler(v1_rs.RejectionSampler):
     ) -> torch.Tensor:
         """``[batch, max_spec_len + 1]`` output tokens, -1 after the first rejection (upstream's layout).
 
-        The decision is `ascend_kernels`'s for every row, except for requests with their own seed (their draws come
-        from per-request generators that the kernel's single generator cannot reproduce) and the synthetic
-        benchmarking mode, which fakes the decision: those stay on upstream's path.
+        The decision is `ascend_kernels`'s for every row except in the synthetic benchmarking mode, which fakes the
+        decision and stays on upstream's path. A request with its own seed (`sampling_metadata.generators`) draws
+        its acceptance and recovery noise from its own generator in a kernel call of its own, so its tokens repeat
+        whatever else is in the batch (they are not upstream's tokens for that seed: the draws differ, their
+        distribution does not).
         """
-        if self.synthetic_mode or sampling_metadata.generators:
+        if self.synthetic_mode:
             self.ascend_counts["upstream_verifications"] += 1
             return v1_rs.rejection_sample(
                 draft_token_ids, num_draft_tokens, max_spec_len, cu_num_draft_tokens, draft_probs, target_logits,
@@ -115,6 +147,7 @@ class AscendRejectionSampler(v1_rs.RejectionSampler):
         # Upstream already applied temperature, top-k and top-p to target_logits: softmax gives the final p.
         probs = target_logits.softmax(dim=-1, dtype=torch.float32)
         self.ascend_counts["sampled_verifications"] += 1
+        self.ascend_counts["seeded_rows"] += len(sampling_metadata.generators)
         return verify(
             draft_token_ids,
             cu_num_draft_tokens,
@@ -124,4 +157,5 @@ class AscendRejectionSampler(v1_rs.RejectionSampler):
             bonus_token_ids,
             temperature=sampling_metadata.temperature,
             target_is_probs=True,
+            generators=sampling_metadata.generators,
         )
