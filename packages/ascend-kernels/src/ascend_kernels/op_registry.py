@@ -30,6 +30,7 @@ OP_MODULES: tuple[str, ...] = (
     "ascend_kernels.ops_quant",
     "ascend_kernels.ops_quant_moe",
     "ascend_kernels.ops_kv_quant",
+    "ascend_kernels.ops_lora",
 )
 
 BACKEND_NAMES: tuple[str, ...] = ("reference", "npu")
