@@ -347,7 +347,8 @@ class AscendPlatformBase(Platform):
 
     @classmethod
     def get_punica_wrapper(cls) -> str:
-        return "vllm.lora.punica_wrapper.punica_cpu.PunicaWrapperCPU"
+        # vLLM's CPU wrapper's plumbing with every shrink/expand on ascend_kernels' LoRA ops.
+        return "ascend_platform.ops.punica.AscendPunicaWrapper"
 
     @classmethod
     def supports_structured_output(cls) -> bool:
