@@ -5,8 +5,10 @@ with `--enable-lora --lora-modules a1=<adapter>` and runtime adapter updates all
 * a JSON-schema request (`response_format` json_schema) returns text that parses and validates against the schema;
 * `model="a1"` picks the adapter given at start-up; its tokens are plain vLLM CPU's for that adapter (the LoRA
   suite's anchor: the same engine settings, each adapter in a batch of its own) and not the base model's;
-* `/v1/load_lora_adapter` adds adapter a2 while the server runs; a request to it gives plain vLLM CPU's a2 tokens;
-  `/v1/unload_lora_adapter` removes it again (listed, then not, in `/v1/models`; a request to it then fails).
+* `/v1/load_lora_adapter` adds adapter a2 while the server runs; a request to it gives plain vLLM CPU's a2 tokens,
+  and a base request then still gives the base model's; `/v1/unload_lora_adapter` removes a2 again (listed, then
+  not, in `/v1/models`; a request to it then fails);
+* the worker's usage counters show the LoRA terms ran on our punica wrapper's ops.
 
 One server for all of these; plain vLLM CPU computes its anchors while the server starts.
 """
@@ -198,6 +200,9 @@ def test_adapter_loaded_at_run_time_then_unloaded(served):
     a2 = served.rows("a2")
     check_logprobs_close(a2, served.anchor["a2"], name_0="served a2", name_1="cpu a2")
     assert [r["token_ids"] for r in a2] != [r["token_ids"] for r in served.anchor["a1"]]
+    # Both slots now hold an adapter (max_loras 2): a base request still gets no LoRA term (vLLM's CPU punica ops
+    # would give it the last slot's adapter).
+    check_logprobs_close(served.rows("tiny"), served.anchor["base"], name_0="served base", name_1="cpu base")
 
     status, body = served.post("/v1/unload_lora_adapter", {"lora_name": "a2"})
     assert status == 200, body
@@ -208,3 +213,13 @@ def test_adapter_loaded_at_run_time_then_unloaded(served):
         served.client().completions.create(model="a2", prompt=PROMPTS[0], max_tokens=2)
     # The adapter given at start-up still serves after the other one left.
     check_logprobs_close(served.rows("a1")[:1], served.anchor["a1"][:1], name_0="served a1", name_1="cpu a1")
+
+
+def test_the_server_ran_lora_on_our_punica_ops(served):
+    """Ask the server's worker (vLLM's development `collective_rpc` endpoint) what ran the LoRA terms above."""
+    status, body = served.post("/collective_rpc", {"method": "ascend_usage"})
+    assert status == 200, body
+    usage = json.loads(body)["results"][0]
+    assert usage["facts"]["runner_class"].startswith("ascend_platform.worker.")
+    steps = ("lora.sgmv_shrink", "lora.sgmv_expand", "lora.bgmv_shrink", "lora.bgmv_expand")
+    assert all(usage["counts"].get(step) for step in steps), usage["counts"]
