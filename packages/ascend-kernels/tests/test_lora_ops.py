@@ -73,6 +73,11 @@ def test_a_token_without_an_adapter_gets_no_lora_term():
     ops.bgmv_expand(buf, b, y, indices, add_inputs=True)
     assert torch.equal(y[[0, 2]], y0[[0, 2]])
     torch.testing.assert_close(y[3], y0[3] + buf[3] @ b[2, 0].T)
+    # vLLM's torch ops (plain vLLM CPU) index the weights with the -1: those rows get the last slot's adapter.
+    up = _upstream()
+    theirs = torch.zeros(4, RANK)
+    up.bgmv_shrink(x, a, theirs, indices, 1.0)
+    torch.testing.assert_close(theirs[0], x[0] @ a[-1, 0].T)
     # A segment without an adapter inside a prefill batch: its rows are untouched too.
     y = y0.clone()
     ops.sgmv_expand(buf, b, y, torch.tensor([2, 2]), torch.tensor([-1, 1]), 0, None, False)
