@@ -20,7 +20,7 @@ from ascend_platform.attention.selector import (
     register_backend_names,
     select_attention_backend,
 )
-from ascend_platform.attention.validation import AttentionConfigError, AttentionRequest
+from ascend_platform.attention.validation import AttentionConfigError, AttentionRequest, attn_type_name
 from ascend_platform.plugin_config import AscendConfig, parse_ascend_config
 
 if TYPE_CHECKING:
@@ -48,7 +48,7 @@ def _attention_request(selector: Any, vllm_config: Any, hf_config: Any) -> Atten
         block_size=selector.block_size,
         pcp_size=int(getattr(parallel, "prefill_context_parallel_size", 1) or 1),
         dcp_size=int(getattr(parallel, "decode_context_parallel_size", 1) or 1),
-        latent_size=latent)
+        latent_size=latent, attn_type=attn_type_name(getattr(selector, "attn_type", "decoder")))
 
 
 def _model_type(vllm_config: Any) -> str | None:
@@ -311,8 +311,9 @@ class AscendPlatformBase(Platform):
             is_310p=cls.chip(ascend) == "310P",
         )
         register_backend_names()
+        request = _attention_request(attn_selector_config, vllm_config, hf_config)
         if selected_backend is not None:
-            asked, serves = getattr(selected_backend, "name", str(selected_backend)), backend_name(choice)
+            asked, serves = getattr(selected_backend, "name", str(selected_backend)), backend_name(choice, request)
             if asked != serves:  # a user's explicit choice is honoured or refused, never silently replaced
                 from ascend_platform.attention.validation import AttentionConfigError
 
@@ -320,7 +321,7 @@ class AscendPlatformBase(Platform):
                     f"attention_backend={asked!r} does not run on the Ascend platform for this model; it takes "
                     f"{serves} (use_mla={choice.use_mla}, use_sparse={choice.use_sparse}): name {serves} or leave "
                     "attention_backend unset")
-        return select_attention_backend(choice, _attention_request(attn_selector_config, vllm_config, hf_config))
+        return select_attention_backend(choice, request)
 
     @classmethod
     def get_mla_prefill_backend_cls(cls, mla_selector_config: Any) -> Any:

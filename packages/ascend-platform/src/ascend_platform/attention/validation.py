@@ -1,8 +1,9 @@
 """What each Ascend attention backend serves, checked at start-up so an unsupported model fails naming why.
 
-`backend_refusals` answers for the selector (head size, dtypes, block size, context parallelism) from vLLM's
-attention-selector config and the parallel sizes; `check_mla_impl_args` repeats the checks an MLA impl can only make
-when its layer is built. Kept free of vLLM imports: plain values in, reasons out.
+`backend_refusals` answers for the selector (head size, dtypes, block size, context parallelism, attention type)
+from vLLM's attention-selector config and the parallel sizes; `check_mla_impl_args` and
+`check_encoder_only_impl_args` repeat the checks an impl can only make when its layer is built. Kept free of vLLM
+imports: plain values in, reasons out.
 """
 
 from __future__ import annotations
@@ -14,6 +15,17 @@ import torch
 BLOCK_MULTIPLE = 16
 MODEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 KV_CACHE_DTYPES = ("auto", "float16", "bfloat16")
+# vLLM's AttentionType values, and why the ones no Ascend backend serves are refused.
+DECODER, ENCODER_ONLY = "decoder", "encoder_only"
+UNSERVED_ATTN_TYPES = {
+    "encoder": "encoder attention of an encoder-decoder model (e.g. Whisper's audio encoder)",
+    "encoder_decoder": "cross-attention of an encoder-decoder model (e.g. Whisper's decoder)",
+}
+
+
+def attn_type_name(attn_type) -> str:
+    """vLLM's AttentionType member (a str enum) or its value, as the plain value ('decoder', 'encoder_only', ...)."""
+    return str(getattr(attn_type, "value", attn_type))
 
 
 class AttentionConfigError(ValueError):
@@ -32,6 +44,8 @@ class AttentionRequest:
     dcp_size: int = 1
     latent_size: int | None = None
     """MLA: kv_lora_rank + qk_rope_head_dim of the model (what each cached state holds)."""
+    attn_type: str = DECODER
+    """vLLM's AttentionType of the layer asking (decoder; encoder_only for BERT-style embedding models)."""
 
 
 @dataclass(frozen=True)
@@ -39,6 +53,7 @@ class BackendCaps:
     name: str
     context_parallel: bool = False
     head_sizes: tuple[int, ...] = ()  # empty: any
+    attn_types: tuple[str, ...] = (DECODER,)
 
 
 CAPS = {
@@ -46,6 +61,8 @@ CAPS = {
     "ASCEND_310P": BackendCaps("ASCEND_310P", context_parallel=True),
     "ASCEND_MLA": BackendCaps("ASCEND_MLA"),
     "ASCEND_SFA": BackendCaps("ASCEND_SFA"),
+    # no PCP/DCP: a pooling request is one prompt in one step, attended within that step
+    "ASCEND_ENCODER_ONLY": BackendCaps("ASCEND_ENCODER_ONLY", attn_types=(ENCODER_ONLY,)),
 }
 
 
@@ -53,6 +70,9 @@ def backend_refusals(name: str, req: AttentionRequest) -> list[str]:
     """Why backend `name` cannot serve `req` (empty when it can)."""
     caps = CAPS.get(name, BackendCaps(name))
     reasons = []
+    if req.attn_type not in caps.attn_types:
+        what = UNSERVED_ATTN_TYPES.get(req.attn_type, f"attention type {req.attn_type!r}")
+        reasons.append(f"{what} is not served (serves: {', '.join(caps.attn_types)})")
     if req.head_size <= 0 or (caps.head_sizes and req.head_size not in caps.head_sizes):
         allowed = ", ".join(map(str, caps.head_sizes)) or "any positive size"
         reasons.append(f"head size {req.head_size} is not supported (supported: {allowed})")
@@ -96,4 +116,22 @@ def check_mla_impl_args(*, alibi_slopes, sliding_window, logits_soft_cap, attn_t
         pcp_size=pcp_world_size, dcp_size=dcp_world_size, latent_size=kv_lora_rank + qk_rope_head_dim))
     if reasons:
         raise AttentionConfigError(f"Ascend attention backend {backend} cannot serve this layer: "
+                                   f"{'; '.join(reasons)}")
+
+
+def check_encoder_only_impl_args(*, attn_type: str, alibi_slopes, sliding_window, logits_soft_cap,
+                                 kv_sharing_target_layer_name, sinks) -> None:
+    """What an encoder-only layer asks of ASCEND_ENCODER_ONLY that the dense non-causal op cannot do."""
+    reasons = []
+    attn_type = attn_type_name(attn_type)
+    if attn_type != ENCODER_ONLY:
+        reasons.append(f"attention type {attn_type!r} is not supported (encoder_only only)")
+    for what, value in (("ALiBi slopes", alibi_slopes),
+                        ("a sliding window (e.g. ModernBERT's local attention layers)", sliding_window),
+                        ("logits_soft_cap", logits_soft_cap), ("KV sharing", kv_sharing_target_layer_name),
+                        ("attention sinks", sinks is not None or None)):
+        if value:
+            reasons.append(f"{what} ({value!r}) is not supported")
+    if reasons:
+        raise AttentionConfigError(f"Ascend attention backend ASCEND_ENCODER_ONLY cannot serve this layer: "
                                    f"{'; '.join(reasons)}")
