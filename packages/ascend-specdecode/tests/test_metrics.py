@@ -73,3 +73,30 @@ def test_report_round_trips_through_json_dict():
     from ascend_specdecode.metrics import AcceptanceReport
 
     assert AcceptanceReport.from_dict(report.as_dict()) == report
+
+
+def test_floor_plugin_watches_the_first_position(monkeypatch):
+    """vLLM builds stat-logger plugins as `cls(vllm_config, engine_index)`: the floor comes from the environment,
+    on the first draft position only (a fair draft's later positions may sit near zero)."""
+    from types import SimpleNamespace
+
+    from vllm.v1.metrics.loggers import load_stat_logger_plugin_factories
+
+    from ascend_specdecode.metrics import AcceptanceFloorPlugin
+
+    assert AcceptanceFloorPlugin in load_stat_logger_plugin_factories()  # what vLLM's AsyncLLM adds to its loggers
+    config = SimpleNamespace(speculative_config=SimpleNamespace(num_speculative_tokens=3))
+    monkeypatch.setenv("ASCEND_SPECDECODE_ACCEPTANCE_WINDOW", "2")
+    plugin = AcceptanceFloorPlugin(config, 0)
+    assert plugin.floor == [0.05, 0.0, 0.0] and plugin.window == 2
+    fair, collapsed = SpecDecodingStats.new(3), SpecDecodingStats.new(3)
+    for _ in range(2):
+        fair.observe_draft(3, 1)  # first position always accepted, the later ones never
+        collapsed.observe_draft(3, 0)
+    plugin.record(SimpleNamespace(spec_decoding_stats=fair), None)
+    assert plugin.alerts == 0
+    plugin.record(SimpleNamespace(spec_decoding_stats=collapsed), None)
+    assert plugin.alerts == 1
+    monkeypatch.setenv("ASCEND_SPECDECODE_ACCEPTANCE_FLOOR", "1.5")
+    with pytest.raises(ValueError, match="ASCEND_SPECDECODE_ACCEPTANCE_FLOOR='1.5' is out of range"):
+        AcceptanceFloorPlugin(config, 0)

@@ -7,17 +7,23 @@ never reached) and the mean accepted length includes the bonus token, ``1 + acce
 
 Acceptance that quietly sinks after an upgrade is the failure users report, so `AcceptanceReport.check_floor`
 raises naming every position below its floor, and `AcceptanceFloorLogger` (a vLLM stat logger) warns as it happens.
+`AcceptanceFloorPlugin` is that logger as vLLM's stat-logger plugin (entry point group ``vllm.stat_logger_plugins``,
+declared in this package's pyproject): every server vLLM builds (`vllm serve`, `ascend-vllm serve`: the AsyncLLM
+front end loads the group) gets one per engine, with no code of the user's.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from vllm.logger import init_logger
 
-logger = init_logger(__name__)
+# The floor warning goes through vLLM's own logger tree: a server configures only the ``vllm`` logger (a handler of its
+# own, propagate off), so a warning under this package's name can vanish there while vLLM's lines print.
+floor_logger = init_logger("vllm.ascend_specdecode.acceptance_floor")
 
 NUM_DRAFTS = "vllm:spec_decode_num_drafts"
 NUM_DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens"
@@ -158,9 +164,11 @@ class AcceptanceFloorLogger(_stat_logger_base()):  # type: ignore[misc]
     spec-decode stats and checks them every `window` drafts, so a silent collapse shows in the log at once.
     """
 
-    def __init__(self, vllm_config: Any, engine_index: int = 0, *, floor: float = 0.0, window: int = 256):
+    def __init__(
+        self, vllm_config: Any, engine_index: int = 0, *, floor: float | Sequence[float] = 0.0, window: int = 256
+    ):
         self.engine_index = engine_index
-        self.floor = floor
+        self.floor: float | Sequence[float] = floor
         self.window = window
         self.alerts = 0
         self._reset()
@@ -189,14 +197,55 @@ class AcceptanceFloorLogger(_stat_logger_base()):  # type: ignore[misc]
         low = self.total.positions_below(self.floor)
         if low:
             self.alerts += 1
-            logger.warning(
-                "Speculative decoding acceptance below %.3f on engine %d at positions %s over %d drafts",
-                self.floor,
+            floor_logger.warning(
+                "Speculative decoding acceptance below its floor on engine %d at positions %s over %d drafts",
                 self.engine_index,
-                ", ".join(f"{i}={r:.3f}" for i, r, _ in low),
+                ", ".join(f"{i}={r:.3f} (floor {f:.3f})" for i, r, f in low),
                 self.total.num_drafts,
             )
         self._reset()
 
     def log_engine_initialized(self) -> None:
         pass
+
+
+FLOOR_ENV = "ASCEND_SPECDECODE_ACCEPTANCE_FLOOR"
+WINDOW_ENV = "ASCEND_SPECDECODE_ACCEPTANCE_WINDOW"
+# A first draft accepted less than once in 20 steps: every step pays for K drafts and keeps almost none of them.
+DEFAULT_FIRST_POSITION_FLOOR = 0.05
+DEFAULT_WINDOW = 256
+
+
+def _env_number(name: str, default: float, kind: type) -> Any:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return kind(default)
+    try:
+        value = kind(raw)
+    except ValueError:
+        raise ValueError(f"{name}={raw!r} is not a {kind.__name__}") from None
+    if value < 0 or (kind is float and value > 1) or (kind is int and value == 0):
+        raise ValueError(f"{name}={raw!r} is out of range")
+    return value
+
+
+class AcceptanceFloorPlugin(AcceptanceFloorLogger):
+    """`AcceptanceFloorLogger` as vLLM builds a stat-logger plugin, `cls(vllm_config, engine_index)`.
+
+    It watches the first draft position, where a collapse shows first and where any working draft is accepted well
+    above the floor (later positions of a fair draft can sit near zero): the floor is `FLOOR_ENV` (default
+    `DEFAULT_FIRST_POSITION_FLOOR`; 0 turns the warning off), checked every `WINDOW_ENV` drafts (default
+    `DEFAULT_WINDOW`) and whenever vLLM logs its periodic stats. An engine without speculation never reports
+    spec-decode stats, so the plugin stays silent there.
+    """
+
+    def __init__(self, vllm_config: Any, engine_index: int = 0):
+        spec = getattr(vllm_config, "speculative_config", None)
+        k = int(getattr(spec, "num_speculative_tokens", None) or 1)
+        first = _env_number(FLOOR_ENV, DEFAULT_FIRST_POSITION_FLOOR, float)
+        super().__init__(
+            vllm_config,
+            engine_index,
+            floor=[first] + [0.0] * (k - 1),
+            window=_env_number(WINDOW_ENV, DEFAULT_WINDOW, int),
+        )
