@@ -8,39 +8,75 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+# Rotary tables per cos/sin cache: `[positions, 2, rotary_dim]` float32 rows of (C, S) such that a head's rotated
+# part is `x * C + swap(x) * S`, swap exchanging the two halves (neox) or the two members of each pair (GPT-J).
+_ROTARY_TABLES: dict[tuple, torch.Tensor] = {}
+_ROTARY_TABLES_MAX = 16
 
-def _rotate_in_place(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, head_size: int, rotary_dim: int, is_neox):
+
+def _rotary_table(cos_sin_cache: torch.Tensor, is_neox: bool) -> torch.Tensor:
+    """The (C, S) table of `cos_sin_cache` `[positions, rotary_dim]` (cos | sin halves), built once per cache.
+
+    Keyed by the cache's storage, shape and version counter, so an in-place update of the cache rebuilds it. With
+    it a call is one row lookup and three ops per tensor instead of a conversion and eight slicing and arithmetic ops.
+    """
+    key = (
+        cos_sin_cache.data_ptr(),
+        cos_sin_cache._version,
+        tuple(cos_sin_cache.shape),
+        cos_sin_cache.stride(),
+        cos_sin_cache.dtype,
+        cos_sin_cache.device,
+        is_neox,
+    )
+    table = _ROTARY_TABLES.get(key)
+    if table is None:
+        cos, sin = cos_sin_cache.float().chunk(2, dim=-1)
+        if is_neox:
+            c, s = torch.cat([cos, cos], dim=-1), torch.cat([-sin, sin], dim=-1)
+        else:
+            c, s = torch.stack([cos, cos], dim=-1).flatten(-2), torch.stack([-sin, sin], dim=-1).flatten(-2)
+        table = torch.stack([c, s], dim=1).contiguous()
+        if len(_ROTARY_TABLES) >= _ROTARY_TABLES_MAX:
+            _ROTARY_TABLES.clear()
+        _ROTARY_TABLES[key] = table
+    return table
+
+
+def _rotate_in_place(x: torch.Tensor, c: torch.Tensor, s: torch.Tensor, head_size: int, rotary_dim: int, is_neox):
     heads = x if x.dim() == 3 else x.unflatten(-1, (-1, head_size))  # a view: writes land in x
     rot = heads[..., :rotary_dim]
     if is_neox:
-        half = rotary_dim // 2
-        x1, x2 = rot[..., :half], rot[..., half:]
+        swapped = rot.unflatten(-1, (2, rotary_dim // 2)).flip(-2).flatten(-2)
     else:
-        x1, x2 = rot[..., 0::2], rot[..., 1::2]
-    a, b = x1.float(), x2.float()
-    new1 = a * cos - b * sin
-    new2 = b * cos + a * sin
-    x1.copy_(new1)
-    x2.copy_(new2)
+        swapped = rot.unflatten(-1, (rotary_dim // 2, 2)).flip(-1).flatten(-2)
+    if rot.dtype == torch.float32:
+        rot.mul_(c).addcmul_(swapped, s)  # swapped is a copy: rot may change under it
+    else:  # float32 arithmetic, one rounding into x's dtype
+        rot.copy_(torch.mul(rot, c).addcmul_(swapped, s))
 
 
 def rotary_embedding(positions, query, key, cos_sin_cache, *, head_size, rotary_dim, is_neox):
     if positions.shape[0] == 0:
         return query, key
-    cos, sin = cos_sin_cache.index_select(0, positions.long()).float().chunk(2, dim=-1)
-    cos, sin = cos[:, None, :], sin[:, None, :]  # broadcast over heads
-    _rotate_in_place(query, cos, sin, head_size, rotary_dim, is_neox)
+    rows = _rotary_table(cos_sin_cache, is_neox).index_select(0, positions.long())
+    c, s = rows[:, None, 0], rows[:, None, 1]  # broadcast over heads
+    _rotate_in_place(query, c, s, head_size, rotary_dim, is_neox)
     if key is not None:
-        _rotate_in_place(key, cos, sin, head_size, rotary_dim, is_neox)
+        _rotate_in_place(key, c, s, head_size, rotary_dim, is_neox)
     return query, key
 
 
 def rms_norm(x, weight, eps, residual=None):
+    """Few full passes over the rows (each is an OpenMP region, and these rows are small): the mean square from one
+    norm reduction, the scaling and the weight as two multiplies, the last writing the output dtype directly."""
     h = x.float()
     if residual is not None:
-        h = h + residual.float()
-    out = h * torch.rsqrt(h.pow(2).mean(dim=-1, keepdim=True) + eps) * weight.float()
-    out = out.to(x.dtype)
+        h = h + residual  # float32: a reduced-precision residual is promoted exactly
+    norm = torch.linalg.vector_norm(h, dim=-1, keepdim=True)
+    inv = norm.square_().div_(h.shape[-1]).add_(eps).rsqrt_()
+    scaled = torch.mul(h, inv)
+    out = scaled.mul_(weight) if x.dtype == torch.float32 else torch.mul(scaled, weight, out=torch.empty_like(x))
     if residual is None:
         return out
     return out, h.to(residual.dtype)
