@@ -6,10 +6,11 @@ bytes crossed the prefill-decode link.
 
 Last (the servers are shared in file order): the prefill-decode link cut while a request crosses it (`ip link set
 ... down` on both ends), then restored. The link is first rate-limited so the KV pull of a ~500-token prompt takes
-seconds; the cut lands once the decode leg has begun. The request must end within the connector's bounds with the
-single engine's tokens (the decode host recomputes what it could not pull) or a named error, never hang; the prefill
-host's held blocks are freed (its KV usage back to zero) within the abort timeout; once the link is up again requests
-move their KV over it again."""
+seconds; the cut lands once part of the prompt's KV has crossed (the link's byte counter). The request ends with the
+single engine's tokens (the decode host recomputes what it could not pull) or a named error within Mooncake's TCP
+progress timeout, never hangs; the prefill host's held blocks are freed (its KV usage back to zero) within the abort
+timeout; once the link is up again requests are answered again (moving their KV again is a strict xfail: the decode
+engine keeps the peer marked broken)."""
 
 from __future__ import annotations
 
@@ -29,8 +30,9 @@ GREEDY = {"max_tokens": MAX_TOKENS, "temperature": 0, "extra_body": {"ignore_eos
 LENGTHS = [5, 129, 300]
 # The tiny Llama's KV per token: 2 layers x (K, V) x 2 heads x 32 dims x 4 bytes (float32).
 KV_BYTES_PER_TOKEN = 2 * 2 * 2 * 32 * 4
-SLOW_RATE = "1mbit"  # the fault test's prompt: 4 blocks x 128 KiB of KV, ~4 s on the wire
+SLOW_RATE = "500kbit"  # the fault test's prompt: 4 blocks x 128 KiB of KV; past the 256 KiB burst, ~4 s on the wire
 LONG_PROMPT = 460
+DURING_STALL: dict[str, float] = {}  # what the cut test saw while the pull was stalled
 
 
 def kv_received_tokens(decode) -> float:
@@ -94,10 +96,6 @@ def _metric(server, name: str) -> float:
     raise AssertionError(f"{server.name} reports no {name}")
 
 
-def _status(serving) -> dict:
-    return json.loads(serving.router.get("/status")[1])
-
-
 def _wait(predicate, timeout: float, what: str) -> float:
     t0 = time.monotonic()
     while not predicate():
@@ -114,7 +112,8 @@ def test_link_cut_mid_transfer_ends_bounded_frees_blocks_and_recovers(serving):
     expected = single.choices[0].text
     _wait(lambda: _metric(serving.prefill, "vllm:kv_cache_usage_perc") == 0.0, 10, "prefill KV idle")
     received_before = kv_received_tokens(serving.decode)
-    sent_before = _status(serving)["decode"][0]["sent"]
+    wire_before = serving.topo["prefill"].bytes_sent("decode")
+    kv_bytes = -(-LONG_PROMPT // 128) * 128 * KV_BYTES_PER_TOKEN
 
     result: dict = {}
 
@@ -132,14 +131,20 @@ def test_link_cut_mid_transfer_ends_bounded_frees_blocks_and_recovers(serving):
     link.limit(SLOW_RATE)
     try:
         with serving_thread(serving.topo["router"], send) as sender:
-            # The decode leg has begun: the router sent the request on, and the pull is on the slow wire.
-            _wait(lambda: _status(serving)["decode"][0]["sent"] > sent_before, 30, "decode leg")
-            time.sleep(1.0)
+            # Mid-transfer: more of the KV crossed than the bucket's burst lets through at once, not all of it.
+            _wait(
+                lambda: serving.topo["prefill"].bytes_sent("decode") - wire_before > 0.6 * kv_bytes,
+                60,
+                "KV on the wire",
+            )
+            crossed = serving.topo["prefill"].bytes_sent("decode") - wire_before
             cut_at = time.monotonic()
             link.down()
+            assert crossed < kv_bytes, f"the whole KV ({crossed} B) crossed before the cut"
             # A request needing no transfer, sent straight to the decode server while the pull is stalled.
             t0 = time.monotonic()
             serving.client(serving.decode).completions.create(model="tiny", prompt=prompt_of_length(8), **GREEDY)
+            DURING_STALL["plain_request_s"] = time.monotonic() - t0
             print(f"a plain request on the decode server during the stalled pull took {time.monotonic() - t0:.1f} s")
             sender.join(timeout=2 * read_timeout_s + 10)
             assert not sender.is_alive(), "the request hung past the router's bounds"
@@ -173,6 +178,17 @@ def test_link_cut_mid_transfer_ends_bounded_frees_blocks_and_recovers(serving):
     direct = serving.client(serving.prefill).completions.create(model="tiny", prompt=again, **GREEDY)
     assert routed.choices[0].text == direct.choices[0].text
     print(f"KV tokens the decode host received before the cut: {received_before}")
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="a pull under inline_read_max_bytes (8 MiB) runs inside the decode engine's step, so a stalled Mooncake "
+    "read holds up every request of that engine until MC_TCP_PROGRESS_TIMEOUT_SEC passes",
+)
+def test_decode_engine_serves_other_requests_while_a_pull_is_stalled(serving):
+    if "plain_request_s" not in DURING_STALL:
+        pytest.skip("measured by test_link_cut_mid_transfer_ends_bounded_frees_blocks_and_recovers, which did not run")
+    assert DURING_STALL["plain_request_s"] < 2.0, DURING_STALL
 
 
 @pytest.mark.xfail(
