@@ -437,3 +437,34 @@ def test_emulated_matmul_follows_torchs_onednn_probe():
         assert _emulated_matmul(torch.float16) == (not torch.ops.mkldnn._is_mkldnn_fp16_supported())
     else:
         assert _emulated_matmul(torch.bfloat16) and _emulated_matmul(torch.float16)
+
+
+@DTYPES
+@pytest.mark.parametrize(("causal", "window"), [(True, None), (True, 11), (False, None)])
+def test_prefills_in_pieces_of_query_rows(strided_caches, monkeypatch, dtype, causal, window):
+    """Long query runs go to torch's fused attention a few query rows at a time, each piece over only the keys it
+    may see: equal-length prefills in one chunk (consecutive and not), with and without earlier context."""
+    from ascend_kernels.reference import attention, paged_prefill
+
+    monkeypatch.setattr(attention, "SMALL_ROWS", 0)
+    monkeypatch.setattr(paged_prefill, "PREFILL_ROWS", 5)
+    keys_read = []
+    sdpa = attention.F.scaled_dot_product_attention
+    monkeypatch.setattr(
+        paged_prefill.F,
+        "scaled_dot_product_attention",
+        lambda q, k, *a, **kw: keys_read.append(k.shape[2]) or sdpa(q, k, *a, **kw),
+    )
+    _run(
+        strided_caches,
+        q_lens=[12, 12, 3, 12],
+        seq_lens=[12, 30, 40, 12],
+        heads=8,
+        kv_heads=2,
+        dtype=dtype,
+        causal=causal,
+        window=window,
+    )
+    # The 12-row runs (one chunk, longest context 30, 2 blocks of 16) in pieces of 5, 5 and 2 rows read 23, 28 and
+    # 30 keys causally, all 32 gathered otherwise; the 3-row run one piece of 40 keys (of 48).
+    assert sorted(keys_read) == ([23, 28, 30, 40] if causal else [32, 32, 32, 48])

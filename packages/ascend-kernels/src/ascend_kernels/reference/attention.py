@@ -29,6 +29,7 @@ import torch.nn.functional as F
 
 from ascend_kernels.reference.chunk_threads import run_chunks
 from ascend_kernels.reference.paged_blocks import attend_pages as _attend_pages
+from ascend_kernels.reference.paged_prefill import prefill_pieces
 
 # Bytes per chunk (gathered K+V, plus the dense K copy reduced precision makes, see _attend_blocks): big enough to
 # batch a decode step, small enough to stay near the CPU caches. One thread (CPU time, benchmarks/kernels.py decode
@@ -499,20 +500,39 @@ def paged_attention(
                 return rows, q_heads, o.view(n, hh * g, dv)
             return rows, q_heads, o.view(n, hh, m, g, dv).transpose(1, 2).reshape(n * m, hh * g, dv)
         mask = None if everything_visible else _mask(ctx.long(), m, g, length, causal, sliding_window)
-        if by_blocks(m):
-            sink_rows = None
-            if sinks is not None:
-                sink_rows = sinks[q_heads].float().view(1, hh, 1, g, 1).expand(1, hh, m, g, 1).reshape(1, hh, m * g, 1)
-            k, v = read(blocks, nbk, kv_heads)
-            o = _attend_blocks(q, k, v, mask, scale, sink_rows)
-        else:
-            blocks = table[blocks, :nbk] if isinstance(blocks, slice) else blocks[:, :nbk]
-            k = _gather_sequence("k", key_cache, blocks).transpose(1, 2)  # [n, hkv, L, d]
-            v = _gather_sequence("v", value_cache, blocks).transpose(1, 2)
-            o = F.scaled_dot_product_attention(q.view(n, hkv, m * g, d), k, v, attn_mask=mask, scale=scale)
+        sink_rows = None
+        if sinks is not None:
+            sink_rows = sinks[q_heads].float().view(1, hh, 1, g, 1).expand(1, hh, m, g, 1).reshape(1, hh, m * g, 1)
+        k, v = read(blocks, nbk, kv_heads)
+        o = _attend_blocks(q, k, v, mask, scale, sink_rows)
         if m == 1:
             return rows, q_heads, o.view(n, hh * g, dv)
         return rows, q_heads, o.view(n, hh, m, g, dv).transpose(1, 2).reshape(n * m, hh * g, dv)
+
+    def attend_long(idx: list[int]) -> None:
+        """A chunk of long query runs (prefills) of equal length: torch's fused attention over the gathered keys, in
+        pieces of query rows (`paged_prefill`), each piece stored as it comes."""
+        n, m = len(idx), qlens[idx[0]]
+        nbk = max(ctx_blocks[i] for i in idx)
+        sel = torch.tensor(idx, device=device)
+        blocks = table.index_select(0, sel)[:, :nbk]
+        k = _gather_sequence("k", key_cache, blocks).transpose(1, 2)  # [n, hkv, L, d]
+        v = _gather_sequence("v", value_cache, blocks).transpose(1, 2)
+        if idx[-1] - idx[0] == n - 1:  # consecutive requests: the queries and outputs as views
+            q = query[starts[idx[0]] : starts[idx[0]] + n * m].unflatten(0, (n, m))
+            dst, rows = out[starts[idx[0]] : starts[idx[0]] + n * m].unflatten(0, (n, m)), None
+        else:
+            first = torch.tensor([starts[i] for i in idx], device=device)
+            rows = first[:, None] + torch.arange(m, device=device)  # [n, m]: token index of each (request, i)
+            q, dst = query.index_select(0, rows.reshape(-1)).unflatten(0, (n, m)), None
+        ctx = seq_lens.index_select(0, sel).long()
+        pieces = prefill_pieces(q.transpose(1, 2), k, v, ctx, [lens[i] for i in idx], scale, causal, sliding_window)
+        for i0, i1, o in pieces:
+            o = o.transpose(1, 2)  # [n, rows, hq, dv]
+            if dst is not None:
+                dst[:, i0:i1].copy_(o)
+            else:
+                out.index_copy_(0, rows[:, i0:i1].reshape(-1), o.reshape(-1, hq, dv).to(out.dtype))
 
     def store(rows: slice | torch.Tensor, q_heads: slice, o: torch.Tensor) -> None:
         if isinstance(rows, slice):
@@ -530,7 +550,7 @@ def paged_attention(
             store(*done)
     for idx in chunks:  # long prefills: few large fused ops, on the caller's intra-op threads
         if not by_blocks(qlens[idx[0]]):
-            store(*attend((idx, slice(None))))
+            attend_long(idx)
     return out
 
 
