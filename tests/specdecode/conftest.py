@@ -93,8 +93,9 @@ class CaseRuns:
             engine = dict(ENGINE_KWARGS)
             if lane == VLLM_CPU:
                 engine["worker_cls"] = "ascend_specdecode.cpu_worker.SpecDecodeCPUWorker"
-            self.results[(lane, case)] = measure(self.hosts[lane], self.models["target"], _spec(case, self.models),
-                                                 PROMPTS, MAX_TOKENS, **engine)
+            self.results[(lane, case)] = measure(
+                self.hosts[lane], self.models["target"], _spec(case, self.models), PROMPTS, MAX_TOKENS, **engine
+            )
         return self.results[(lane, case)]
 
 
@@ -116,9 +117,23 @@ class MRV2Runs:
             from ascend_testkit.speculation import measure
 
             m = self.models[case]
-            self.results[case] = measure(self.host, m["model"], m["spec"], MRV2_PROMPTS, MRV2_MAX_TOKENS,
-                                         sequential=False, **ENGINE_KWARGS, **m["engine"])
+            self.results[case] = measure(
+                self.host,
+                m["model"],
+                m["spec"],
+                MRV2_PROMPTS,
+                MRV2_MAX_TOKENS,
+                sequential=False,
+                **ENGINE_KWARGS,
+                **m["engine"],
+            )
         return self.results[case]
+
+
+@pytest.fixture(scope="session")
+def mrv2_workload() -> dict:
+    """What every `run_mrv2` case generates: one batch of MRV2_PROMPTS, MRV2_MAX_TOKENS each."""
+    return {"prompts": MRV2_PROMPTS, "max_tokens": MRV2_MAX_TOKENS}
 
 
 @pytest.fixture(scope="session")

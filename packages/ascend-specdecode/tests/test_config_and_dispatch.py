@@ -61,6 +61,10 @@ def test_vocab_from_model_configs():
     Hf.draft_vocab_size = 500  # a truncated draft vocabulary is what the draft proposes from
     with pytest.raises(SpeculativeConfigError, match="size 500"):
         validate_speculative_config(Spec(), target_vocab_size=1000)
+    Spec.method = "eagle3"  # ... unless the draft maps it into the target's (EAGLE-3's d2t): its vocab_size counts
+    assert validate_speculative_config(Spec(), target_vocab_size=1000) == "eagle"
+    with pytest.raises(SpeculativeConfigError, match="size 1000"):
+        validate_speculative_config(Spec(), target_vocab_size=999)
 
 
 @pytest.mark.parametrize(
@@ -139,8 +143,9 @@ def test_lilicorr_drafts_are_refused_not_run_as_dflash():
         validate_speculative_config(Spec())
 
 
-@pytest.mark.parametrize(("probe", "needle"), [("use_multi_module_mtp", "multi-module MTP"),
-                                               ("use_gemma4_mtp", "Gemma4 MTP")])
+@pytest.mark.parametrize(
+    ("probe", "needle"), [("use_multi_module_mtp", "multi-module MTP"), ("use_gemma4_mtp", "Gemma4 MTP")]
+)
 def test_mtp_variants_with_their_own_upstream_speculator_are_refused(probe, needle):
     class Spec:
         method = "mtp"

@@ -36,8 +36,17 @@ def _vocab_of(model_config: Any) -> int | None:
     return getattr(hf, "vocab_size", None)
 
 
+# Methods whose draft maps its truncated vocabulary into the target's (EAGLE-3's ``d2t`` table: vLLM's eagle3 models
+# scatter the draft's logits over the target vocabulary), so its tokens are target tokens whatever its head's size.
+MAPPED_VOCAB_METHODS = frozenset({"eagle3"})
+
+
 def _draft_output_vocab(speculative_config: Any) -> int | None:
-    """The size of the vocabulary the draft proposes from (`draft_vocab_size` when the draft truncates it)."""
+    """The size of the vocabulary the draft proposes from (`draft_vocab_size` when the draft truncates it; the
+    target-id space of a draft that maps a truncated head into it)."""
+    if _get(speculative_config, "method") in MAPPED_VOCAB_METHODS:
+        draft = _get(speculative_config, "draft_model_config")
+        return None if draft is None else _vocab_of(draft)
     given = _get(speculative_config, "draft_vocab_size")
     if given is not None:
         return int(given)

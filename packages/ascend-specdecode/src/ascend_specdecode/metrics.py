@@ -21,9 +21,9 @@ from typing import Any
 
 from vllm.logger import init_logger
 
-# The floor warning goes through vLLM's own logger tree: a server configures only the ``vllm`` logger (a handler of its
-# own, propagate off), so a warning under this package's name can vanish there while vLLM's lines print.
-floor_logger = init_logger("vllm.ascend_specdecode.acceptance_floor")
+# The floor warning goes through a child of vLLM's root logger: a server configures only the ``vllm`` logger (a
+# handler of its own, propagate off), and a warning under this package's own name did not reach its log.
+floor_logger = init_logger("vllm").getChild("ascend_specdecode.acceptance_floor")
 
 NUM_DRAFTS = "vllm:spec_decode_num_drafts"
 NUM_DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens"
