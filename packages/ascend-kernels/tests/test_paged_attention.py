@@ -468,3 +468,36 @@ def test_prefills_in_pieces_of_query_rows(strided_caches, monkeypatch, dtype, ca
     # The 12-row runs (one chunk, longest context 30, 2 blocks of 16) in pieces of 5, 5 and 2 rows read 23, 28 and
     # 30 keys causally, all 32 gathered otherwise; the 3-row run one piece of 40 keys (of 48).
     assert sorted(keys_read) == ([23, 28, 30, 40] if causal else [32, 32, 32, 48])
+
+
+@DTYPES
+@pytest.mark.parametrize("layout", ["planes", "strided"])
+def test_runs_of_consecutive_blocks(strided_caches, monkeypatch, dtype, layout):
+    """A request's consecutive block ids are read as one view per run where the blocks lie back to back (the device
+    KV layout's dense token-major planes), block by block where they do not (per-layer pages interleaved in one
+    backing); both match the naive formulation."""
+    from ascend_kernels.reference import paged_blocks
+
+    _, k, v = strided_caches(12, 16, 2, 32, 32, dtype)
+    if layout == "planes":
+        k, v = k.contiguous(), v.contiguous()
+    runs = []
+    find_runs = paged_blocks._runs
+    monkeypatch.setattr(paged_blocks, "_runs", lambda *a: runs.append(find_runs(*a)) or runs[-1])
+    gen = torch.Generator().manual_seed(5)
+    query = torch.randn(3, 8, 32, generator=gen).to(dtype)
+    table = [[2, 3, 4, 9], [7, 8, 0, 1], [5, 6, 10, 11]]
+    qsl, seq_lens = [0, 1, 2, 3], [64, 50, 33]
+    result = ops.paged_attention(
+        query,
+        k,
+        v,
+        torch.tensor(table, dtype=torch.int32),
+        torch.tensor(qsl, dtype=torch.int32),
+        torch.tensor(seq_lens, dtype=torch.int32),
+        scale=32**-0.5,
+    )
+    expected = naive_paged_attention(query, k, v, table, qsl, seq_lens, 32**-0.5, True, None, None)
+    torch.testing.assert_close(result.double(), expected, **TOL[dtype])
+    counts = sorted(tuple(count for _, _, count in r) for r in runs)
+    assert counts == ([(1, 1, 1), (1, 1, 1, 1), (1, 1, 1, 1)] if layout == "strided" else [(2, 1), (2, 2), (3, 1)])

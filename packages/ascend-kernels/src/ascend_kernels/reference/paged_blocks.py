@@ -19,6 +19,20 @@ from __future__ import annotations
 import torch
 
 
+def _runs(blocks: list[int], coalesce: bool) -> list[tuple[int, int, int]]:
+    """(first key, first block, block count) of each run of consecutive block ids: a fresh cache hands a request
+    consecutive blocks, and where each block's tokens directly follow the previous block's (`coalesce`) a run is
+    one strided view, i.e. one matmul instead of one per block."""
+    runs: list[tuple[int, int, int]] = []
+    for j, b in enumerate(blocks):
+        if coalesce and runs and runs[-1][1] + runs[-1][2] == b:
+            first_key, first, count = runs[-1]
+            runs[-1] = (first_key, first, count + 1)
+        else:
+            runs.append((j, b, 1))
+    return runs
+
+
 def attend_pages(q, key_cache, value_cache, blocks: list[int], scale: float, mask=None, visible: int | None = None):
     """Attention of `q [kv_heads, rows, head]` (the query heads sharing a KV head folded into rows) over the keys in
     `blocks` (block ids, in order) of `key_cache` / `value_cache` `[num_blocks, block_size, kv_heads, head]`.
@@ -35,20 +49,29 @@ def attend_pages(q, key_cache, value_cache, blocks: list[int], scale: float, mas
     if nbk == 0:
         return q.new_zeros(hkv, rows, dv, dtype=torch.float32 if dtype.is_floating_point else dtype)
     q = q.to(dtype) * scale
-    values = value_cache.permute(0, 2, 1, 3)  # [blocks, kv_heads, block_size, head_v]: views, no copy
+    runs = _runs(blocks, all(c.stride(0) == bs * c.stride(1) for c in (key_cache, value_cache)))
+
+    def pages(cache: torch.Tensor, first: int, count: int) -> torch.Tensor:
+        """`[kv_heads, count * block_size, head]` over blocks first.. of `cache`: a view (runs only where the
+        blocks lie back to back)."""
+        run = cache[first : first + count]
+        return run.reshape(count * bs, *run.shape[2:]).transpose(0, 1)
+
     if dtype == torch.float32 or dtype == torch.float64:
-        keys_t = key_cache.permute(0, 2, 3, 1)  # [blocks, kv_heads, head, block_size]
         per_block = torch.empty(nbk, hkv, rows, bs, dtype=dtype, device=q.device)
-        for j, b in enumerate(blocks):
-            torch.bmm(q, keys_t[b], out=per_block[j])
+        for j, first, count in runs:
+            keys_t = pages(key_cache, first, count).transpose(1, 2)
+            if count == 1:
+                torch.bmm(q, keys_t, out=per_block[j])
+            else:
+                per_block[j : j + count].permute(1, 2, 0, 3).copy_(torch.bmm(q, keys_t).view(hkv, rows, count, bs))
         s = per_block.permute(1, 2, 0, 3).reshape(hkv, rows, nbk * bs)  # one small copy: keys in order
     else:
         # oneDNN's reduced-precision GEMM runs ~5x faster as K @ q^T over a strided block than as q @ K^T.
-        keys = key_cache.permute(0, 2, 1, 3)  # [blocks, kv_heads, block_size, head]
         q_t = q.transpose(1, 2).contiguous()
         s_t = torch.empty(hkv, nbk * bs, rows, dtype=dtype, device=q.device)
-        for j, b in enumerate(blocks):
-            torch.bmm(keys[b], q_t, out=s_t[:, j * bs : (j + 1) * bs])
+        for j, first, count in runs:
+            torch.bmm(pages(key_cache, first, count), q_t, out=s_t[:, j * bs : (j + count) * bs])
         s = s_t.transpose(1, 2).contiguous()
     if mask is not None:
         s.masked_fill_(~mask, float("-inf"))
@@ -57,10 +80,10 @@ def attend_pages(q, key_cache, value_cache, blocks: list[int], scale: float, mas
     p = torch.softmax(s, dim=-1)
     if dtype == torch.float32 or dtype == torch.float64:
         o = torch.zeros(hkv, rows, dv, dtype=dtype, device=q.device)
-        for j, b in enumerate(blocks):
-            o.baddbmm_(p[:, :, j * bs : (j + 1) * bs], values[b])
+        for j, first, count in runs:
+            o.baddbmm_(p[:, :, j * bs : (j + count) * bs], pages(value_cache, first, count))
         return o
-    parts = torch.empty(nbk, hkv, rows, dv, dtype=dtype, device=q.device)
-    for j, b in enumerate(blocks):
-        torch.bmm(p[:, :, j * bs : (j + 1) * bs], values[b], out=parts[j])
-    return parts.sum(dim=0, dtype=torch.float32) if nbk > 1 else parts[0]
+    parts = torch.empty(len(runs), hkv, rows, dv, dtype=dtype, device=q.device)
+    for i, (j, first, count) in enumerate(runs):
+        torch.bmm(p[:, :, j * bs : (j + count) * bs], pages(value_cache, first, count), out=parts[i])
+    return parts.sum(dim=0, dtype=torch.float32) if len(runs) > 1 else parts[0]
