@@ -64,3 +64,30 @@ def test_sampled_rows_accept_certain_drafts_and_never_emit_impossible_tokens():
     probs[2, 5] = probs[3, 5] = 1.0  # request 1: the target never picks its drafts
     out = verify(drafts, cu, 2, None, probs, torch.tensor([9, 9]), temperature=torch.ones(2), target_is_probs=True)
     assert out.tolist() == [[1, 2, 9], [5, PLACEHOLDER, PLACEHOLDER]]
+
+
+def test_sampling_constraints_per_draft_row():
+    """Each request's temperature (greedy rows unscaled), top-k and top-p apply to its own draft rows, as upstream's
+    `apply_sampling_constraints` defines them (its CPU expand fallback is what this replaces)."""
+    from types import SimpleNamespace
+
+    from ascend_kernels.reference.sampling import apply_top_k_top_p
+    from ascend_specdecode.verification import apply_sampling_constraints
+
+    g = torch.Generator().manual_seed(0)
+    counts = [2, 0, 3]
+    logits = torch.randn(sum(counts), 12, generator=g)
+    meta = SimpleNamespace(
+        all_greedy=False,
+        temperature=torch.tensor([0.5, 1.0, 0.0]),
+        top_k=torch.tensor([3, 0, 12]),
+        top_p=torch.tensor([1.0, 0.9, 0.6]),
+    )
+    out = apply_sampling_constraints(logits.clone(), counts, meta)
+    rows = torch.tensor([0, 0, 2, 2, 2])
+    scale = torch.tensor([0.5, 1.0, 1.0])[rows]
+    expected = apply_top_k_top_p(logits / scale[:, None], meta.top_k[rows], meta.top_p[rows])
+    assert torch.equal(torch.isinf(out), torch.isinf(expected))
+    assert torch.allclose(out[~torch.isinf(out)], expected[~torch.isinf(expected)])
+    greedy = SimpleNamespace(all_greedy=True)
+    assert apply_sampling_constraints(logits, counts, greedy) is logits
