@@ -3,14 +3,16 @@
 Model Runner V2 (default, the simulated lane's runner): every method the Ascend speculators run, EAGLE, MTP, DFlash,
 DFlash2 and DSpark, each on the tiny target its drafter needs (`ascend_testkit.speculation.MRV2_CASES`: an
 EAGLE-compatible Llama for EAGLE and DFlash, a MiMo with its own MTP layer for MTP, a bigram Llama for DFlash2 and
-DSpark), with the self-draft where the method can take one (DFlash: a random draft), and each target once without
-speculation, all in one engine host, one engine after another, same engine settings. `--runner v1`: vLLM's V1
-runner (draft_model, EAGLE, DFlash; `--lane cpu` for vLLM's own CPU platform). Requests go one at a time (passes per
-token is per request). Prints ONE JSON object as the last line of stdout (logs go to stderr):
+DSpark), with the self-draft where the method can take one (DFlash: a random draft), a noisy copy of that self-draft
+(acceptance below 1: steps that accept some drafts and reject the rest, so the verifier's rejection and the
+runner's rollback of rejected tokens are timed), and each target once without speculation, all in one engine host,
+one engine after another, same engine settings. `--runner v1`: vLLM's V1 runner (draft_model, EAGLE with a self and
+a noisy draft, DFlash; `--lane cpu` for vLLM's own CPU platform). Requests go one at a time (passes per token is per
+request). Prints ONE JSON object as the last line of stdout (logs go to stderr):
 
   {"methods": [{"method", "draft", "target", "acceptance_per_position", "mean_accepted_length",
-                "target_passes_per_token", "lossless", "tokens_per_s", "speedup_vs_no_spec", "tokens_per_s_ratio",
-                "verifier", "speculator"}, ...],
+                "target_passes_per_token", "rejected_draft_tokens", "lossless", "tokens_per_s",
+                "speedup_vs_no_spec", "tokens_per_s_ratio", "verifier", "speculator"}, ...],
    "min_self_draft_acceptance": ..., "no_spec": {...}, "no_spec_by_target": {...}, "goal": {...}, "lane", "runner"}
 
 `tokens_per_s_ratio` = tokens/s with speculation / tokens/s of the same target without (`speedup_vs_no_spec` is the
@@ -35,8 +37,14 @@ from pathlib import Path
 K = 3
 WINDOW = 4
 GOAL_PASSES_PER_TOKEN = 0.26
-ENGINE_KWARGS = {"dtype": "float32", "max_model_len": 256, "enforce_eager": True, "max_num_seqs": 4,
-                 "block_size": 32, "seed": 0}
+ENGINE_KWARGS = {
+    "dtype": "float32",
+    "max_model_len": 256,
+    "enforce_eager": True,
+    "max_num_seqs": 4,
+    "block_size": 32,
+    "seed": 0,
+}
 V1_METHODS = ("draft_model", "eagle", "dflash")
 
 
@@ -48,7 +56,7 @@ def _plan_v2(cache: Path, wanted: set[str]) -> list[dict]:
     """(label, target, draft kind, model, spec, engine extras) for each wanted MRV2 method and each baseline."""
     from ascend_testkit.speculation import MRV2_CASES, baseline_of, mrv2_case_models
 
-    chosen = [c for c in MRV2_CASES if c.family in wanted and c.draft in ("self", "random")]
+    chosen = [c for c in MRV2_CASES if c.family in wanted and c.draft in ("self", "noisy", "random")]
     cases = chosen + list({baseline_of(c).name: baseline_of(c) for c in chosen}.values())
     models = mrv2_case_models(cache, K, cases)
     return [{"method": c.family, "target": c.target, "draft": c.draft, **models[c.name]} for c in cases]
@@ -57,18 +65,32 @@ def _plan_v2(cache: Path, wanted: set[str]) -> list[dict]:
 def _plan_v1(cache: Path, wanted: set[str]) -> list[dict]:
     from ascend_testkit.models import drafts as dc
     from ascend_testkit.models.tiny_llama import cached_tiny_llama
+    from ascend_testkit.speculation import NOISE
 
     target = dc.eagle_compatible_target(cached_tiny_llama(cache_dir=cache), sliding_window=WINDOW)
     drafts = {
         ("draft_model", "self"): str(target),
         ("eagle", "self"): str(dc.eagle_draft(target, cache / f"{target.name}-eagle-self", self_draft=True)),
+        ("eagle", "noisy"): str(
+            dc.eagle_draft(
+                target, cache / f"{target.name}-eagle-noisy{NOISE['eagle']}", self_draft=True, noise=NOISE["eagle"]
+            )
+        ),
         ("dflash", "random"): str(dc.dflash_draft(target, cache / f"{target.name}-dflash-rand")),
     }
     plan = [{"method": None, "target": "llama", "draft": "none", "model": str(target), "spec": None, "engine": {}}]
     for (method, draft), model in drafts.items():
         if method in wanted:
-            plan.append({"method": method, "target": "llama", "draft": draft, "model": str(target), "engine": {},
-                         "spec": {"method": method, "model": model, "num_speculative_tokens": K}})
+            plan.append(
+                {
+                    "method": method,
+                    "target": "llama",
+                    "draft": draft,
+                    "model": str(target),
+                    "engine": {},
+                    "spec": {"method": method, "model": model, "num_speculative_tokens": K},
+                }
+            )
     return plan
 
 
@@ -78,8 +100,12 @@ def main() -> int:
     parser.add_argument("--num-prompts", type=int, default=2)
     parser.add_argument("--methods", default=None, help="comma-separated; default: every method of the runner")
     parser.add_argument("--runner", choices=("v2", "v1"), default="v2", help="Model Runner V2 or vLLM's V1 runner")
-    parser.add_argument("--lane", choices=("simulated", "cpu"), default="simulated",
-                        help="simulated-NPU lane (our platform) or vLLM's own CPU platform (V1 runner only)")
+    parser.add_argument(
+        "--lane",
+        choices=("simulated", "cpu"),
+        default="simulated",
+        help="simulated-NPU lane (our platform) or vLLM's own CPU platform (V1 runner only)",
+    )
     args = parser.parse_args()
     if args.lane == "cpu" and args.runner == "v2":
         parser.error("vLLM's CPU platform runs the V1 runner here (no Triton CPU backend): use --runner v1")
@@ -95,8 +121,10 @@ def main() -> int:
         parser.error(f"--methods {sorted(unknown)} not run by the {args.runner} runner (choose from {list(every)})")
     lane = "simulated-npu" if args.lane == "simulated" else "vllm-cpu"
     prompts = [prompt_of_length(16, offset=37 * i) for i in range(args.num_prompts)]
-    with tempfile.TemporaryDirectory(prefix="specdecode-bench-") as tmp, \
-            EngineHost("specdecode", lane=args.lane, runner=args.runner, log_dir=tmp) as host:
+    with (
+        tempfile.TemporaryDirectory(prefix="specdecode-bench-") as tmp,
+        EngineHost("specdecode", lane=args.lane, runner=args.runner, log_dir=tmp) as host,
+    ):
         cache = Path(os.environ.get("ASCEND_VLLM_CACHE") or tmp) / "models"
         plan = (_plan_v2 if args.runner == "v2" else _plan_v1)(cache, wanted)
         engine_kwargs = dict(ENGINE_KWARGS)
@@ -117,27 +145,32 @@ def main() -> int:
             continue
         tps = r["generated_tokens"] / r["seconds"]
         usage = (r.get("usage") or [{}])[0]
-        methods.append({
-            "method": item["method"],
-            "draft": item["draft"],
-            "target": item["target"],
-            "acceptance_per_position": r["acceptance"]["acceptance_per_position"],
-            "mean_accepted_length": r["acceptance"]["mean_accepted_length"],
-            "target_passes_per_token": round(r["target_passes"] / r["generated_tokens"], 4),
-            "lossless": r["token_ids"] == base[item["target"]]["token_ids"],
-            "tokens_per_s": round(tps, 1),
-            "tokens_per_s_ratio": round(tps / base_tps[item["target"]], 3),
-            "speedup_vs_no_spec": round(tps / base_tps[item["target"]], 3),
-            "verifier": usage.get("verifier") or r["parts"]["verifier"],
-            "speculator": usage.get("speculator"),
-        })
+        methods.append(
+            {
+                "method": item["method"],
+                "draft": item["draft"],
+                "target": item["target"],
+                "acceptance_per_position": r["acceptance"]["acceptance_per_position"],
+                "mean_accepted_length": r["acceptance"]["mean_accepted_length"],
+                "target_passes_per_token": round(r["target_passes"] / r["generated_tokens"], 4),
+                "rejected_draft_tokens": r["acceptance"]["num_draft_tokens"] - r["acceptance"]["num_accepted_tokens"],
+                "lossless": r["token_ids"] == base[item["target"]]["token_ids"],
+                "tokens_per_s": round(tps, 1),
+                "tokens_per_s_ratio": round(tps / base_tps[item["target"]], 3),
+                "speedup_vs_no_spec": round(tps / base_tps[item["target"]], 3),
+                "verifier": usage.get("verifier") or r["parts"]["verifier"],
+                "speculator": usage.get("speculator"),
+            }
+        )
     self_drafts = [m for m in methods if m["draft"] == "self"]
     min_self = min((min(m["acceptance_per_position"]) for m in self_drafts), default=None)
     best_passes = min((m["target_passes_per_token"] for m in self_drafts), default=None)
 
     def no_spec(target: str) -> dict:
-        return {"tokens_per_s": round(base_tps[target], 1),
-                "target_passes_per_token": round(base[target]["target_passes"] / base[target]["generated_tokens"], 4)}
+        return {
+            "tokens_per_s": round(base_tps[target], 1),
+            "target_passes_per_token": round(base[target]["target_passes"] / base[target]["generated_tokens"], 4),
+        }
 
     result = {
         "methods": methods,
