@@ -419,12 +419,10 @@ def paged_attention(
     def by_blocks(m: int) -> bool:  # else torch's fused attention, which tiles a long prefill's [rows, keys] problem
         return sinks is not None or dv != d or m * g <= SMALL_ROWS
 
-    # Few rows without sinks read the pages in place (`paged_blocks`), one request (or KV-head group) per part;
-    # a precision the CPU only emulates keeps the gathered pages and torch's fused attention.
+    # Few rows without sinks over a float32 / float64 cache read the pages in place (`paged_blocks`), one request
+    # (or KV-head group) per part; reduced precision keeps the gathered pages (see paged_blocks for why).
     in_place = (
-        sinks is None
-        and value_cache.dtype == key_cache.dtype
-        and not (key_cache.device.type == "cpu" and _emulated_matmul(key_cache.dtype))
+        sinks is None and key_cache.dtype in (torch.float32, torch.float64) and value_cache.dtype == key_cache.dtype
     )
     table_host: list[list[int]] = []
 
