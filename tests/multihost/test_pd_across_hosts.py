@@ -9,8 +9,8 @@ Last (the servers are shared in file order): the prefill-decode link cut while a
 seconds; the cut lands once part of the prompt's KV has crossed (the link's byte counter). The request ends with the
 single engine's tokens (the decode host recomputes what it could not pull) or a named error within Mooncake's TCP
 progress timeout, never hangs; the prefill host's held blocks are freed (its KV usage back to zero) within the abort
-timeout; once the link is up again requests are answered again (moving their KV again is a strict xfail: the decode
-engine keeps the peer marked broken)."""
+timeout; once the link is up again requests are answered again, and once the decode engine's cool-down for the broken
+peer (`broken_peer_retry_s`) has passed their KV moves over the link again."""
 
 from __future__ import annotations
 
@@ -149,6 +149,7 @@ def test_link_cut_mid_transfer_ends_bounded_frees_blocks_and_recovers(serving):
             sender.join(timeout=2 * read_timeout_s + 10)
             assert not sender.is_alive(), "the request hung past the router's bounds"
         ended_after = time.monotonic() - cut_at
+        DURING_STALL["request_ended_at"] = time.monotonic()
         print(f"request ended {ended_after:.1f} s after the cut: {result['status']} {str(result['body'])[:300]}")
         # A stalled pull ends when Mooncake's TCP transport gives up on the connection (MC_TCP_PROGRESS_TIMEOUT_SEC);
         # the connector's own bounds cover the side-channel steps around it.
@@ -191,14 +192,13 @@ def test_decode_engine_serves_other_requests_while_a_pull_is_stalled(serving):
     assert DURING_STALL["plain_request_s"] < 2.0, DURING_STALL
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the decode engine's TransferEngineHandle marks the prefill peer broken on the failed batch and never "
-    "forgets it (ascend_kv_transfer.p2p.transfer_engine: `_broken`, 'not retrying'): after the link returns every "
-    "request recomputes instead of pulling",
-)
 def test_kv_moves_again_once_the_link_is_restored(serving):
+    from ascend_kv_transfer.options import MooncakeOptions
+
     assert serving.topo.link("prefill", "decode").is_up()
+    # The failed pull ended by the time its request did; the decode engine probes the peer once its cool-down is over.
+    ended = DURING_STALL.get("request_ended_at", 0.0)
+    time.sleep(max(0.0, ended + MooncakeOptions().broken_peer_retry_s + 0.5 - time.monotonic()))
     received = kv_received_tokens(serving.decode)
     prompt = prompt_of_length(200, offset=9700)
     routed = serving.client(serving.router).completions.create(model="tiny", prompt=prompt, **GREEDY)

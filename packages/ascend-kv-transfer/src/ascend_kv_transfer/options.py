@@ -44,6 +44,9 @@ class MooncakeOptions:
     # Entries per Mooncake batch call; must stay under the peer's queue limit.
     max_batch_entries: int = 1000
     peer_queue_limit: int = MOONCAKE_PEER_QUEUE_LIMIT
+    # After a failed Mooncake transfer its peer is not tried for this long (transfers to it fail fast and recompute);
+    # then one transfer probes it, so a link that was cut and came back is used again (p2p.broken_peers).
+    broken_peer_retry_s: float = 5.0
     # A file holding the secret every engine (and the router) of this deployment shares: the side channel then
     # answers only requests sealed with it (p2p.side_channel_auth). Empty: anyone reaching the port is answered.
     side_channel_secret_file: str = ""
@@ -58,7 +61,7 @@ class MooncakeOptions:
         if self.protocol not in ("tcp", "rdma", "ascend", "hccs"):
             raise OptionError(f"kv_connector_extra_config['protocol']={self.protocol!r}: "
                               "expected one of 'tcp', 'rdma', 'ascend', 'hccs'")
-        for key in ("abort_timeout_s", "handshake_timeout_s", "claim_wait_s"):
+        for key in ("abort_timeout_s", "handshake_timeout_s", "claim_wait_s", "broken_peer_retry_s"):
             if not getattr(self, key) > 0:
                 raise OptionError(f"kv_connector_extra_config[{key!r}]={getattr(self, key)!r}: must be > 0")
         if self.inline_read_max_bytes < 0:

@@ -44,7 +44,8 @@ class MooncakeAgent:
         self.auth = options.side_channel_auth()
         self.ranks = (tp_rank, pp_rank, pcp_rank)
         self.engine = TransferEngineHandle(options.side_channel_host, options.protocol, options.device_name,
-                                           max_batch_entries=options.max_batch_entries)
+                                           max_batch_entries=options.max_batch_entries,
+                                           broken_peer_retry_s=options.broken_peer_retry_s)
         self.kv: KVRegions | None = None
         self.stats = AgentStats()
         self.holds = TransferHolds(options.abort_timeout_s, self.stats)

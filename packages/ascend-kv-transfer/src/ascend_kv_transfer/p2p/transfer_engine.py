@@ -1,27 +1,25 @@
 """A thin owner of one Mooncake `TransferEngine`: lazy import, one registration per span (re-registered when the KV
 memory moves), chunked batch transfers.
 
-A batch that fails marks its peer broken: Mooncake's TCP transport poisons the peer after an over-full queue, so
-every later transfer would fail too; callers get `BrokenPeerError` at once instead of a blind retry.
+A batch that fails marks its peer broken for a cool-down (`p2p.broken_peers`): right after a failure (Mooncake's TCP
+transport rejects a peer's over-full queue; a cut link stalls until its progress timeout) a blind retry would fail
+too, so callers get `BrokenPeerError` at once; once the cool-down ends one transfer probes the peer, so a link that
+came back is used again.
 """
 
 from __future__ import annotations
 
 import logging
-import threading
 import time
 
 from ascend_kv_transfer.kv_regions import Storage
+from ascend_kv_transfer.p2p.broken_peers import BrokenPeerError, BrokenPeers
 from ascend_kv_transfer.p2p.plan import Entries, chunk
 
 logger = logging.getLogger(__name__)
 
 
 class MooncakeUnavailableError(ImportError):
-    pass
-
-
-class BrokenPeerError(RuntimeError):
     pass
 
 
@@ -37,7 +35,8 @@ def load_transfer_engine_cls() -> type:
 
 
 class TransferEngineHandle:
-    def __init__(self, host: str, protocol: str = "tcp", device_name: str = "", *, max_batch_entries: int = 1000):
+    def __init__(self, host: str, protocol: str = "tcp", device_name: str = "", *, max_batch_entries: int = 1000,
+                 broken_peer_retry_s: float = 5.0):
         cls = load_transfer_engine_cls()
         self.engine = cls()
         ret = self.engine.initialize(host, "P2PHANDSHAKE", protocol, device_name)
@@ -48,8 +47,7 @@ class TransferEngineHandle:
         self.rpc_port = int(self.engine.get_rpc_port())
         self.max_batch_entries = max_batch_entries
         self._registered: list[Storage] = []
-        self._broken: dict[str, str] = {}
-        self._lock = threading.Lock()
+        self.broken = BrokenPeers(broken_peer_retry_s)
 
     @property
     def segment(self) -> str:
@@ -80,7 +78,7 @@ class TransferEngineHandle:
         return list(self._registered)
 
     def broken_reason(self, peer: str) -> str | None:
-        return self._broken.get(peer)
+        return self.broken.reason(peer)
 
     def read(self, peer: str, entries: Entries) -> int:
         """Pull `entries` from `peer` in batches under the queue limit; returns the number of batch calls."""
@@ -90,19 +88,28 @@ class TransferEngineHandle:
         return self._transfer(peer, entries, self.engine.batch_transfer_sync_write)
 
     def _transfer(self, peer: str, entries: Entries, op) -> int:
-        reason = self._broken.get(peer)
-        if reason is not None:
-            raise BrokenPeerError(f"Mooncake peer {peer} is broken ({reason}); not retrying")
+        probe = self.broken.admit(peer)
         calls = 0
-        for batch in chunk(entries, self.max_batch_entries):
-            ret = op(peer, batch.local, batch.remote, batch.lengths)
-            calls += 1
-            if ret < 0:
-                why = f"batch of {len(batch)} entries ({batch.nbytes} B) returned {ret} at {time.strftime('%X')}"
-                with self._lock:
-                    self._broken[peer] = why
-                logger.error("Mooncake peer %s marked broken: %s", peer, why)
-                raise BrokenPeerError(f"Mooncake transfer with peer {peer} failed: {why}")
+        try:
+            for batch in chunk(entries, self.max_batch_entries):
+                ret = op(peer, batch.local, batch.remote, batch.lengths)
+                calls += 1
+                if ret < 0:
+                    why = f"batch of {len(batch)} entries ({batch.nbytes} B) returned {ret} at {time.strftime('%X')}"
+                    retry_s = self.broken.failed(peer, why)
+                    logger.error("Mooncake peer %s marked broken%s: %s; next try in %.1f s", peer,
+                                 " again (probe failed)" if probe else "", why, retry_s)
+                    raise BrokenPeerError(f"Mooncake transfer with peer {peer} failed: {why}; "
+                                          f"not retrying for {retry_s:.1f} s")
+        except BrokenPeerError:
+            raise
+        except BaseException as e:  # the op itself raised: a probe must not leave the peer stuck in "probing"
+            if probe:
+                self.broken.failed(peer, f"probe transfer raised {e!r}")
+            raise
+        if self.broken.succeeded(peer):
+            logger.warning("Mooncake peer %s is reachable again (a transfer of %d entries went through)",
+                           peer, len(entries))
         return calls
 
     def close(self) -> None:
