@@ -524,13 +524,20 @@ def paged_attention(
             rows = first[:, None] + torch.arange(m, device=device)  # [n, m]: token index of each (request, i)
             q, dst = query.index_select(0, rows.reshape(-1)).unflatten(0, (n, m)), None
         ctx = seq_lens.index_select(0, sel).long()
-        pieces = prefill_pieces(q.transpose(1, 2), k, v, ctx, [lens[i] for i in idx], scale, causal, sliding_window)
-        for i0, i1, o in pieces:
-            o = o.transpose(1, 2)  # [n, rows, hq, dv]
+        ranges, attend_piece = prefill_pieces(
+            q.transpose(1, 2), k, v, ctx, [lens[i] for i in idx], scale, causal, sliding_window
+        )
+
+        def piece(i0_i1: tuple[int, int]) -> None:  # stores its own rows: the pieces' rows never overlap
+            i0, i1 = i0_i1
+            o = attend_piece(i0_i1).transpose(1, 2)  # [n, rows, hq, dv]
             if dst is not None:
                 dst[:, i0:i1].copy_(o)
             else:
                 out.index_copy_(0, rows[:, i0:i1].reshape(-1), o.reshape(-1, hq, dv).to(out.dtype))
+
+        with _one_intra_op_thread():
+            run_chunks(piece, ranges, threads)
 
     def store(rows: slice | torch.Tensor, q_heads: slice, o: torch.Tensor) -> None:
         if isinstance(rows, slice):
