@@ -38,8 +38,9 @@ class MooncakeOptions:
     handshake_timeout_s: float = 5.0
     # How long a decode keeps asking a prefill that has not yet seen the transfer before giving up.
     claim_wait_s: float = 10.0
-    # Pulls up to this many bytes run within the engine step that sees the claim answered (no thread hand-off);
-    # larger ones go to a background thread so they do not stall the running batch. 0: always the thread.
+    # Pulls up to this many bytes are waited for (up to step_driver.INLINE_READ_WAIT_S) within the engine step that
+    # sees the claim answered, so they land in that step; larger ones go to the background thread without a wait, so
+    # they do not stall the running batch. 0: never wait.
     inline_read_max_bytes: int = 8 << 20
     # Entries per Mooncake batch call; must stay under the peer's queue limit.
     max_batch_entries: int = 1000

@@ -8,9 +8,10 @@ every request queued behind it. Here every hand-off advances whenever the engine
 
     side-channel round trips are asynchronous (sent now, their answers taken by a later poll), so a slow or dead
     prefill costs the engine nothing but that request's bounded wait;
-    a pull's read up to `inline_read_max_bytes` runs in the call that saw the claim answered, so the KV lands within
-    that step; a larger one (or any read while another is on the thread) goes to the background thread, so one long
-    prompt does not stall the running batch and two reads never share a peer's transfer queue.
+    a pull's read up to `inline_read_max_bytes` is waited for (up to `INLINE_READ_WAIT_S`) in the call that saw the
+    claim answered, so the KV lands within that step; a larger one (or any read while another is on the thread, or
+    an inline one that outlasts its wait: a stalled link) goes on on the background thread, so one long prompt or a
+    dead peer does not stall the running batch and two reads never share a peer's transfer queue.
 
 Ended hand-offs are returned by the call that ended them (`advance`, `abandon_all`), to the one caller on that
 thread. `pull` drives the same machinery in a bounded loop for callers without an engine (benchmarks, tools), so
@@ -40,6 +41,9 @@ Ended = list[tuple[Handoff, PullResult]]
 _MOVES_PER_ADVANCE = 4
 # Bound on waiting for reads already running when the hand-offs are abandoned (Mooncake times a transfer out itself).
 DRAIN_S = 30.0
+# How long one engine step waits for an inline read (`inline_read_max_bytes`): ample for 8 MiB over a healthy link,
+# short enough that a read stalled on a dead link costs the running batch one short pause, not Mooncake's timeout.
+INLINE_READ_WAIT_S = 0.05
 
 
 @dataclass(eq=False)
@@ -57,6 +61,7 @@ class StepDriver:
         self.channel = AsyncSideChannelClient(agent.options.handshake_timeout_s, auth=agent.auth)
         self._running: list[_Running] = []
         self.inline_reads = 0
+        self.inline_overruns = 0  # inline reads that outlasted INLINE_READ_WAIT_S and went on on the thread
         self.background_reads = 0
 
     def add(self, handoff: Handoff) -> None:
@@ -135,12 +140,25 @@ class StepDriver:
         h.result.layer_bytes = dict(entries.layer_bytes)
         peer = f"{h.meta.host}:{h.meta.rpc_port}"
         on_thread = any(r.reading is not None and not r.reading.done() for r in self._running)
-        if self.pool is None or (entries.nbytes <= self.inline_read_max_bytes and not on_thread):
+        if self.pool is None:  # a blocking caller with no thread: it has nothing else to serve meanwhile
             self.inline_reads += 1
             h.result.calls = self.agent.engine.read(peer, entries)
             return self._landed(run)
-        self.background_reads += 1
         run.reading = self.pool.submit(self.agent.engine.read, peer, entries)
+        if entries.nbytes <= self.inline_read_max_bytes and not on_thread:
+            # Inline: the step waits for the read (the thread gets the GIL at once, as this one sleeps in the wait)
+            # so a small read lands within it, but only up to INLINE_READ_WAIT_S: a read stalled on a cut or slow
+            # link goes on on the thread instead of holding up every request of the engine until Mooncake gives up.
+            self.inline_reads += 1
+            if wait([run.reading], timeout=INLINE_READ_WAIT_S).done:
+                reading, run.reading = run.reading, None
+                h.result.calls = reading.result()  # re-raises the read's error
+                return self._landed(run)
+            self.inline_overruns += 1
+            logger.warning("KV read of transfer %s (%d B from %s) not done within %.0f ms of the step; it goes on "
+                           "on the thread", h.transfer_id, entries.nbytes, peer, 1000 * INLINE_READ_WAIT_S)
+            return False
+        self.background_reads += 1
         return False
 
     def _landed(self, run: _Running) -> bool:

@@ -159,7 +159,7 @@ class P2PWorker:
             "registered": [[s.addr, s.nbytes] for s in self.agent.engine.registered]}
         if self._driver is not None:
             out |= {"inline_reads": self._driver.inline_reads, "background_reads": self._driver.background_reads,
-                    "handoffs_waiting": self._driver.waiting()}
+                    "inline_overruns": self._driver.inline_overruns, "handoffs_waiting": self._driver.waiting()}
         return out
 
     def shutdown(self) -> None:
