@@ -60,10 +60,14 @@ class SimulatedNPUPlatform(AscendPlatformBase, CpuPlatform):
     @classmethod
     def register_triton_kernel_overrides(cls) -> None:
         """vLLM's hook for platform kernels (each worker, before the runner): MRV2's per-step Triton kernels go to
-        torch / ascend_kernels stand-ins when Triton runs in its interpreter (`simulated.kernel_overrides`)."""
+        torch / ascend_kernels stand-ins when Triton runs in its interpreter (`simulated.kernel_overrides`). Also the
+        lane's one hook at worker start before the model loads, so the heap is frozen here (`simulated.startup_gc`):
+        vLLM's start-up collections then skip the imported modules."""
         from ascend_platform.simulated.kernel_overrides import register_for_lane
+        from ascend_platform.simulated.startup_gc import freeze_startup_heap
 
         register_for_lane()
+        freeze_startup_heap()
 
     @classmethod
     def get_device_communicator_cls(cls) -> str:
