@@ -8,39 +8,20 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-# Rotary tables per cos/sin cache: `[positions, 2, rotary_dim]` float32 rows of (C, S) such that a head's rotated
-# part is `x * C + swap(x) * S`, swap exchanging the two halves (neox) or the two members of each pair (GPT-J).
-_ROTARY_TABLES: dict[tuple, torch.Tensor] = {}
-_ROTARY_TABLES_MAX = 16
 
+def _rotary_rows(cos_sin_cache: torch.Tensor, positions: torch.Tensor, is_neox: bool):
+    """(C, S) float32 `[tokens, 1, rotary_dim]` for `positions` such that a head's rotated part is
+    `x * C + swap(x) * S`, swap exchanging the two halves (neox) or the two members of each pair (GPT-J).
 
-def _rotary_table(cos_sin_cache: torch.Tensor, is_neox: bool) -> torch.Tensor:
-    """The (C, S) table of `cos_sin_cache` `[positions, rotary_dim]` (cos | sin halves), built once per cache.
-
-    Keyed by the cache's storage, shape and version counter, so an in-place update of the cache rebuilds it. With
-    it a call is one row lookup and three ops per tensor instead of a conversion and eight slicing and arithmetic ops.
+    Built from the looked-up rows only (a few ops on `[tokens, rotary_dim]`), not cached per cos/sin cache: a table
+    kept by the cache's address could outlive it and be found again by a new cache at the same address.
     """
-    key = (
-        cos_sin_cache.data_ptr(),
-        cos_sin_cache._version,
-        tuple(cos_sin_cache.shape),
-        cos_sin_cache.stride(),
-        cos_sin_cache.dtype,
-        cos_sin_cache.device,
-        is_neox,
-    )
-    table = _ROTARY_TABLES.get(key)
-    if table is None:
-        cos, sin = cos_sin_cache.float().chunk(2, dim=-1)
-        if is_neox:
-            c, s = torch.cat([cos, cos], dim=-1), torch.cat([-sin, sin], dim=-1)
-        else:
-            c, s = torch.stack([cos, cos], dim=-1).flatten(-2), torch.stack([-sin, sin], dim=-1).flatten(-2)
-        table = torch.stack([c, s], dim=1).contiguous()
-        if len(_ROTARY_TABLES) >= _ROTARY_TABLES_MAX:
-            _ROTARY_TABLES.clear()
-        _ROTARY_TABLES[key] = table
-    return table
+    cos, sin = cos_sin_cache.index_select(0, positions.long()).float().chunk(2, dim=-1)
+    if is_neox:
+        c, s = torch.cat([cos, cos], dim=-1), torch.cat([-sin, sin], dim=-1)
+    else:
+        c, s = torch.stack([cos, cos], dim=-1).flatten(-2), torch.stack([-sin, sin], dim=-1).flatten(-2)
+    return c[:, None], s[:, None]  # broadcast over heads
 
 
 def _rotate_in_place(x: torch.Tensor, c: torch.Tensor, s: torch.Tensor, head_size: int, rotary_dim: int, is_neox):
@@ -59,8 +40,7 @@ def _rotate_in_place(x: torch.Tensor, c: torch.Tensor, s: torch.Tensor, head_siz
 def rotary_embedding(positions, query, key, cos_sin_cache, *, head_size, rotary_dim, is_neox):
     if positions.shape[0] == 0:
         return query, key
-    rows = _rotary_table(cos_sin_cache, is_neox).index_select(0, positions.long())
-    c, s = rows[:, None, 0], rows[:, None, 1]  # broadcast over heads
+    c, s = _rotary_rows(cos_sin_cache, positions, is_neox)
     _rotate_in_place(query, c, s, head_size, rotary_dim, is_neox)
     if key is not None:
         _rotate_in_place(key, c, s, head_size, rotary_dim, is_neox)
