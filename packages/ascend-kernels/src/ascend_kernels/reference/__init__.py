@@ -6,7 +6,7 @@ Every op follows the contract in `ascend_kernels.ops`; the tests hold each one a
 # ruff: noqa: F401  (the package namespace is the backend: `reference.<op>` for every op)
 from __future__ import annotations
 
-from ascend_kernels.reference.attention import mla_decode_attention, paged_attention
+from ascend_kernels.reference.attention import paged_attention
 from ascend_kernels.reference.batch_prep import compute_slot_mapping
 from ascend_kernels.reference.cache_write import reshape_and_cache, reshape_and_cache_mla
 from ascend_kernels.reference.context_parallel import (
@@ -48,6 +48,7 @@ from ascend_kernels.reference.dsv41_indexer import dsv41_apply_candidate_mask, d
 from ascend_kernels.reference.gumbel import gumbel_sample
 from ascend_kernels.reference.layers import rms_norm, rotary_embedding, silu_and_mul
 from ascend_kernels.reference.logprobs import gather_logprobs, token_ranks
+from ascend_kernels.reference.mla_decode import mla_decode_attention
 from ascend_kernels.reference.mla_prefill import gather_mla_cache, mla_prefill_attention
 from ascend_kernels.reference.moe import fused_moe, moe_gating_topk
 from ascend_kernels.reference.rejection import rejection_sample
