@@ -33,6 +33,7 @@ KV_BYTES_PER_TOKEN = 2 * 2 * 2 * 32 * 4
 SLOW_RATE = "500kbit"  # the fault test's prompt: 4 blocks x 128 KiB of KV; past the 256 KiB burst, ~4 s on the wire
 LONG_PROMPT = 460
 DURING_STALL: dict[str, float] = {}  # what the cut test saw while the pull was stalled
+PROBES = 3  # cool-downs the decode engine gets to use the restored link again
 
 
 def kv_received_tokens(decode) -> float:
@@ -110,7 +111,9 @@ def test_link_cut_mid_transfer_ends_bounded_frees_blocks_and_recovers(serving):
     prompt = prompt_of_length(LONG_PROMPT, offset=9000)
     single = serving.client(serving.prefill).completions.create(model="tiny", prompt=prompt, **GREEDY)
     expected = single.choices[0].text
-    _wait(lambda: _metric(serving.prefill, "vllm:kv_cache_usage_perc") == 0.0, 10, "prefill KV idle")
+    # The first test's transfer nobody claims is held until abort_timeout_s: on a quick run it is still held here.
+    _wait(lambda: _metric(serving.prefill, "vllm:kv_cache_usage_perc") == 0.0, bounds["abort_timeout_s"] + 10,
+          "prefill KV idle")
     received_before = kv_received_tokens(serving.decode)
     wire_before = serving.topo["prefill"].bytes_sent("decode")
     kv_bytes = -(-LONG_PROMPT // 128) * 128 * KV_BYTES_PER_TOKEN
@@ -192,14 +195,22 @@ def test_kv_moves_again_once_the_link_is_restored(serving):
 
     assert serving.topo.link("prefill", "decode").is_up()
     # The failed pull ended by the time its request did; the decode engine probes the peer once its cool-down is over.
+    # Mooncake may still refuse the first probe right after its connection was dropped (seen: once in three runs): a
+    # failed probe starts a new cool-down, and a later probe gets through; bounded to PROBES cool-downs.
+    retry_s = MooncakeOptions().broken_peer_retry_s
     ended = DURING_STALL.get("request_ended_at", 0.0)
-    time.sleep(max(0.0, ended + MooncakeOptions().broken_peer_retry_s + 0.5 - time.monotonic()))
-    received = kv_received_tokens(serving.decode)
-    prompt = prompt_of_length(200, offset=9700)
-    routed = serving.client(serving.router).completions.create(model="tiny", prompt=prompt, **GREEDY)
-    direct = serving.client(serving.prefill).completions.create(model="tiny", prompt=prompt, **GREEDY)
-    assert routed.choices[0].text == direct.choices[0].text
-    assert kv_received_tokens(serving.decode) - received == 200
+    for attempt in range(1, PROBES + 1):
+        time.sleep(max(0.0, ended + retry_s + 0.5 - time.monotonic()))
+        received = kv_received_tokens(serving.decode)
+        prompt = prompt_of_length(200, offset=9700 + 300 * attempt)
+        routed = serving.client(serving.router).completions.create(model="tiny", prompt=prompt, **GREEDY)
+        ended = time.monotonic()
+        direct = serving.client(serving.prefill).completions.create(model="tiny", prompt=prompt, **GREEDY)
+        assert routed.choices[0].text == direct.choices[0].text  # pulled or recomputed, the same answer
+        if kv_received_tokens(serving.decode) - received == 200:
+            print(f"KV moved again on probe {attempt}")
+            return
+    raise AssertionError(f"no KV moved over the restored link in {PROBES} probes, {retry_s} s apart")
 
 
 class serving_thread:  # noqa: N801 - used as a context manager like a function
