@@ -39,9 +39,6 @@ CLASSES_NOT_REACHED: dict[str, str] = {
         "compiler: registered so vLLM sees Triton, never asked to compile (the interpreter runs every kernel)",
     "ascend_platform.simulated.triton_interpreter:InterpreterDriver": "the same backend's driver: never active, so "
         "Triton never selects it for a compiled launch",
-    "ascend_specdecode.metrics:AcceptanceFloorLogger": "warns when the draft acceptance rate falls below its floor; "
-        "the engine tests' drafts stay above it, so only ascend-specdecode's suite triggers it (not wired to a test "
-        "engine)",
 }
 
 
