@@ -63,7 +63,8 @@ def _geometry():
 
 
 # ---- synthetic producer / consumer (run inside the namespace) ---------------------------------------------------
-def synthetic_producer(repeats: int) -> None:
+def synthetic_producer(repeats: int, host: str = "127.0.0.1", port: int = PRODUCER_PORT) -> None:
+    """Holds `repeats + 1` copies of the synthetic request for the consumer; its side channel on `host:port`."""
     import torch
 
     from ascend_kv_transfer.kv_regions import describe_kv_caches
@@ -75,9 +76,9 @@ def synthetic_producer(repeats: int) -> None:
         layers[f"model.layers.{i}.attn"][:, 0] = i
         layers[f"model.layers.{i}.attn"][:, 1] = torch.arange(BLOCKS, dtype=torch.uint8)
     agent = MooncakeAgent(engine_id="bench-producer", geometry=_geometry(),
-                          options=MooncakeOptions(side_channel_port=PRODUCER_PORT, abort_timeout_s=600))
+                          options=MooncakeOptions(side_channel_host=host, side_channel_port=port, abort_timeout_s=600))
     agent.register(describe_kv_caches(layers))
-    agent.serve(PRODUCER_PORT)
+    agent.serve(port)
     _, remote = _request_blocks()
     for i in range(repeats + 1):
         agent.holds.hold(f"bench-{i}", f"req-{i}", [remote])
@@ -87,7 +88,10 @@ def synthetic_producer(repeats: int) -> None:
     del raw
 
 
-def synthetic_consumer(repeats: int, rpc_port: int) -> None:
+def synthetic_consumer(repeats: int, host: str = "127.0.0.1", peer_host: str = "127.0.0.1",
+                       port: int = PRODUCER_PORT, offload: bool = True) -> None:
+    """Pulls the producer's request (at `peer_host:port`) through the connector and through raw Mooncake, interleaved;
+    with `offload`, also times the host tier. Prints the figures as one JSON line."""
     import torch
 
     from ascend_kv_transfer.kv_regions import describe_kv_caches
@@ -99,13 +103,14 @@ def synthetic_consumer(repeats: int, rpc_port: int) -> None:
     from ascend_kv_transfer.p2p.step_driver import StepDriver
 
     raw, layers = _layers(0)
-    agent = MooncakeAgent(engine_id="bench-consumer", geometry=_geometry(), options=MooncakeOptions())
+    agent = MooncakeAgent(engine_id="bench-consumer", geometry=_geometry(),
+                          options=MooncakeOptions(side_channel_host=host))
     regions = describe_kv_caches(layers)
     agent.register(regions)
     pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ascend-kv-pull")
     driver = StepDriver(agent, pool, inline_read_max_bytes=agent.options.inline_read_max_bytes)
     local, remote = _request_blocks()
-    address = ("127.0.0.1", PRODUCER_PORT)
+    address = (peer_host, port)
     warm = driver.pull(address, "bench-0", [local])  # handshake + first-touch costs
     assert warm.ok, warm.error
     l0 = layers["model.layers.3.attn"]
@@ -113,9 +118,9 @@ def synthetic_consumer(repeats: int, rpc_port: int) -> None:
     # Raw engine: the same bytes, one batched call with one entry per contiguous run (the best the engine offers).
     meta = agent.peers.known(address)  # met in the warm-up's handshake
     entries = build_entries(match_regions(regions.regions, meta), coalesce_runs(local, remote))
-    peer = f"127.0.0.1:{meta.rpc_port}"
+    peer = f"{peer_host}:{meta.rpc_port}"
     times, raw_times, result = [], [], warm
-    for i in range(1, repeats + 1):  # interleaved, so both see the same machine load
+    for i in range(1, repeats + 1):  # interleaved, so both see the same machine load and link
         result = driver.pull(address, f"bench-{i}", [local])
         assert result.ok, result.error
         times.append(result.seconds)
@@ -126,37 +131,40 @@ def synthetic_consumer(repeats: int, rpc_port: int) -> None:
     nbytes = result.nbytes
     num_runs = contiguous_runs(local, remote)
 
-    # Offloading: store/load the same request through the host tier against one plain torch copy of the bytes.
-    tier = HostTier(layers, num_slots=BLOCKS)
-    slots = list(range(BLOCKS))
-    src, dst = torch.ones(nbytes, dtype=torch.uint8), torch.zeros(nbytes, dtype=torch.uint8)
-    copy_t, save_t, load_t = [], [], []
-    for _ in range(max(repeats, 12)):  # ~25 ms each: cheap to repeat until the best is stable
-        t = time.perf_counter()
-        dst.copy_(src)
-        copy_t.append(time.perf_counter() - t)
-        t = time.perf_counter()
-        tier.store(slots, local)
-        save_t.append(time.perf_counter() - t)
-        t = time.perf_counter()
-        tier.load(slots, local)
-        load_t.append(time.perf_counter() - t)
     gib = nbytes / (1 << 30)
     # Best of the interleaved repeats: on a shared, noisy machine the fastest run is the reproducible one.
-    print(json.dumps({
+    figures = {
         "bytes_per_request": nbytes,
         "connector_s": min(times), "raw_s": min(raw_times),
         "connector_gib_s": gib / min(times), "raw_gib_s": gib / min(raw_times),
         "connector_median_gib_s": gib / statistics.median(times),
         "raw_median_gib_s": gib / statistics.median(raw_times),
+        "connector_s_all": times, "raw_s_all": raw_times,
         "transfer_ops_per_request": result.entries, "transfer_calls_per_request": result.calls,
         # Independent of the code under test: one entry per run of blocks contiguous on both sides, per layer
         # (each of the LAYERS synthetic layers is one contiguous [blocks, page] region by construction).
         "max_ops_allowed": num_runs * LAYERS, "contiguous_runs": num_runs,
         "registered_regions": len(regions.regions), "registered_storages": len(regions.storages),
-        "offload_save_gib_s": gib / min(save_t), "offload_load_gib_s": gib / min(load_t),
-        "torch_copy_gib_s": gib / min(copy_t),
-    }), flush=True)
+    }
+    if offload:
+        # Offloading: store/load the same request through the host tier against one plain torch copy of the bytes.
+        tier = HostTier(layers, num_slots=BLOCKS)
+        slots = list(range(BLOCKS))
+        src, dst = torch.ones(nbytes, dtype=torch.uint8), torch.zeros(nbytes, dtype=torch.uint8)
+        copy_t, save_t, load_t = [], [], []
+        for _ in range(max(repeats, 12)):  # ~25 ms each: cheap to repeat until the best is stable
+            t = time.perf_counter()
+            dst.copy_(src)
+            copy_t.append(time.perf_counter() - t)
+            t = time.perf_counter()
+            tier.store(slots, local)
+            save_t.append(time.perf_counter() - t)
+            t = time.perf_counter()
+            tier.load(slots, local)
+            load_t.append(time.perf_counter() - t)
+        figures.update({"offload_save_gib_s": gib / min(save_t), "offload_load_gib_s": gib / min(load_t),
+                        "torch_copy_gib_s": gib / min(copy_t)})
+    print(json.dumps(figures), flush=True)
     driver.close()
     pool.shutdown()
     agent.close()
@@ -172,8 +180,7 @@ def run_synthetic(ns, repeats: int, logdir: Path) -> dict:
         hello = json.loads(producer.stdout.readline() or b"{}")
         if not hello.get("ready"):
             raise RuntimeError(f"synthetic producer failed (log {logdir / 'producer.log'})")
-        out = subprocess.run(ns.command([*me, "--synthetic-consumer", "--repeats", str(repeats),
-                                         "--rpc-port", str(hello["rpc_port"])]),
+        out = subprocess.run(ns.command([*me, "--synthetic-consumer", "--repeats", str(repeats)]),
                              capture_output=True, timeout=600, check=False)
         (logdir / "consumer.log").write_bytes(out.stderr)
         if out.returncode != 0:
@@ -248,13 +255,12 @@ def main() -> int:
     parser.add_argument("--skip-engines", action="store_true", help="only the synthetic and offload parts")
     parser.add_argument("--synthetic-producer", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--synthetic-consumer", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--rpc-port", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.synthetic_producer:
         synthetic_producer(args.repeats)
         return 0
     if args.synthetic_consumer:
-        synthetic_consumer(args.repeats, args.rpc_port)
+        synthetic_consumer(args.repeats)
         return 0
 
     from ascend_testkit.netns import LoopbackNamespace

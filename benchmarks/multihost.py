@@ -23,12 +23,10 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from kv_transfer import BLOCKS, LAYERS, _geometry, _layers, _request_blocks  # noqa: E402
+from kv_transfer import BLOCKS, LAYERS, synthetic_consumer, synthetic_producer  # noqa: E402
 
 PRODUCER_PORT = 33500
 PROMPT_TOKENS = 2000  # the tiny Llama allows 2048 positions: the prompt plus a few decoded tokens
@@ -38,81 +36,7 @@ def log(*args) -> None:
     print(*args, file=sys.stderr, flush=True)
 
 
-# ---- synthetic producer / consumer (each runs on its host) ---------------------------------------------------------
-def synthetic_producer(repeats: int, host: str) -> None:
-    from ascend_kv_transfer.kv_regions import describe_kv_caches
-    from ascend_kv_transfer.options import MooncakeOptions
-    from ascend_kv_transfer.p2p.agent import MooncakeAgent
-
-    raw, layers = _layers(7)
-    options = MooncakeOptions(side_channel_host=host, side_channel_port=PRODUCER_PORT, abort_timeout_s=600)
-    agent = MooncakeAgent(engine_id="bench-producer", geometry=_geometry(), options=options)
-    agent.register(describe_kv_caches(layers))
-    agent.serve(PRODUCER_PORT)
-    _, remote = _request_blocks()
-    for i in range(repeats + 1):
-        agent.holds.hold(f"bench-{i}", f"req-{i}", [remote])
-    print(json.dumps({"ready": True}), flush=True)
-    sys.stdin.read()  # until the benchmark closes our stdin
-    agent.close()
-    del raw
-
-
-def synthetic_consumer(repeats: int, host: str, peer_host: str) -> None:
-    from ascend_kv_transfer.kv_regions import describe_kv_caches
-    from ascend_kv_transfer.options import MooncakeOptions
-    from ascend_kv_transfer.p2p.agent import MooncakeAgent
-    from ascend_kv_transfer.p2p.geometry import match_regions
-    from ascend_kv_transfer.p2p.plan import build_entries, coalesce_runs
-    from ascend_kv_transfer.p2p.step_driver import StepDriver
-
-    raw, layers = _layers(0)
-    agent = MooncakeAgent(
-        engine_id="bench-consumer", geometry=_geometry(), options=MooncakeOptions(side_channel_host=host)
-    )
-    regions = describe_kv_caches(layers)
-    agent.register(regions)
-    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ascend-kv-pull")
-    driver = StepDriver(agent, pool, inline_read_max_bytes=agent.options.inline_read_max_bytes)
-    local, remote = _request_blocks()
-    address = (peer_host, PRODUCER_PORT)
-    warm = driver.pull(address, "bench-0", [local])  # handshake + first-touch costs
-    assert warm.ok, warm.error
-    meta = agent.peers.known(address)
-    entries = build_entries(match_regions(regions.regions, meta), coalesce_runs(local, remote))
-    peer = f"{peer_host}:{meta.rpc_port}"
-    times, raw_times, result = [], [], warm
-    for i in range(1, repeats + 1):  # interleaved, so both see the same link and load
-        result = driver.pull(address, f"bench-{i}", [local])
-        assert result.ok, result.error
-        times.append(result.seconds)
-        t = time.perf_counter()
-        ret = agent.engine.engine.batch_transfer_sync_read(peer, entries.local, entries.remote, entries.lengths)
-        raw_times.append(time.perf_counter() - t)
-        assert ret == 0, ret
-    gib = result.nbytes / (1 << 30)
-    # Best of the interleaved repeats: the link's rate is the ceiling, and on a shared, noisy machine the fastest run
-    # is the reproducible one (medians are reported beside).
-    print(
-        json.dumps(
-            {
-                "bytes_per_request": result.nbytes,
-                "connector_gib_s": gib / min(times),
-                "raw_gib_s": gib / min(raw_times),
-                "connector_median_gib_s": gib / statistics.median(times),
-                "raw_median_gib_s": gib / statistics.median(raw_times),
-                "connector_s_all": times,
-                "raw_s_all": raw_times,
-            }
-        ),
-        flush=True,
-    )
-    driver.close()
-    pool.shutdown()
-    agent.close()
-    del raw
-
-
+# ---- synthetic producer / consumer: benchmarks/kv_transfer.py's, each on its host ---------------------------------
 def run_synthetic(topo, repeats: int, logdir: Path) -> dict:
     me = [sys.executable, str(Path(__file__).resolve())]
     a, b = topo["prefill"], topo["decode"]
@@ -251,10 +175,10 @@ def main() -> int:
     parser.add_argument("--peer-host", default="", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.synthetic_producer:
-        synthetic_producer(args.repeats, args.host)
+        synthetic_producer(args.repeats, args.host, PRODUCER_PORT)
         return 0
     if args.synthetic_consumer:
-        synthetic_consumer(args.repeats, args.host, args.peer_host)
+        synthetic_consumer(args.repeats, args.host, args.peer_host, PRODUCER_PORT, offload=False)
         return 0
 
     from ascend_testkit.hosts import Topology, rate_bits_per_s
