@@ -135,8 +135,6 @@ def test_v1_embeddings_through_ascend_vllm_serve(tmp_path, netns, model_paths, p
     import json
     import urllib.request
 
-    import openai
-
     from ascend_testkit.servers import inside, start_serve, tiny_serve_args
 
     args = tiny_serve_args(max_model_len=128, max_num_seqs=4, served_model_name="tiny-embed") + ["--runner", "pooling"]
@@ -153,7 +151,7 @@ def test_v1_embeddings_through_ascend_vllm_serve(tmp_path, netns, model_paths, p
     try:
         server.wait_healthy()
         with inside(netns):
-            client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+            client = server.openai_client()
             out = client.embeddings.create(model="tiny-embed", input=prompts, encoding_format="float")
             req = urllib.request.Request(
                 server.url + "/collective_rpc",

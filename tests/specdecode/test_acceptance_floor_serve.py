@@ -42,9 +42,7 @@ def served_log(tmp_path_factory, netns, draft_models) -> str:
     try:
         server.wait_healthy()
         with inside(netns):
-            import openai
-
-            client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=120.0)
+            client = server.openai_client()
             for offset in range(4):  # ~4 x 40 verification steps: several windows of drafts
                 out = client.completions.create(
                     model="tiny", prompt=f"word{offset} " * 8, max_tokens=40, temperature=0,

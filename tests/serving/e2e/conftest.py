@@ -51,9 +51,7 @@ class Serving:
     read_timeout_s: float = READ_TIMEOUT_S
 
     def client(self, server: ServerProcess, timeout: float = 120.0):
-        import openai
-
-        return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=timeout)
+        return server.openai_client(timeout)
 
 
 @pytest.fixture(scope="package")

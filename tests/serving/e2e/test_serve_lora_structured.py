@@ -66,9 +66,7 @@ class Served:
     anchor: dict[str, list[dict]]  # "base" / adapter name -> plain vLLM CPU's rows for PROMPTS
 
     def client(self, timeout: float = 120.0):
-        import openai
-
-        return openai.OpenAI(base_url=self.server.url + "/v1", api_key="unused", max_retries=0, timeout=timeout)
+        return self.server.openai_client(timeout)
 
     def post(self, path: str, body: dict) -> tuple[int, str]:
         import httpx

@@ -137,6 +137,13 @@ class ServerProcess:
     def alive(self) -> bool:
         return self.proc.poll() is None
 
+    def openai_client(self, timeout: float = 120.0):
+        """The `openai` client of this server's OpenAI API, as a user points one at it (no retries: a test sees the
+        first answer). Use it inside the server's namespace."""
+        import openai
+
+        return openai.OpenAI(base_url=self.url + "/v1", api_key="unused", max_retries=0, timeout=timeout)
+
     def get(self, path: str, timeout: float = 5.0) -> tuple[int, bytes]:
         """GET `path` from inside the server's namespace: (status, body); status 0 when nothing answers."""
         with inside(self.netns):
