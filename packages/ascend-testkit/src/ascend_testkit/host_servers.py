@@ -1,20 +1,16 @@
 """`ascend-vllm serve` and `ascend-vllm router` started on one host of a `Topology` (`ascend_testkit.hosts`), bound
 to that host's own address, as a user starts them on each machine of a multi-host deployment.
 
-The processes are `ascend_testkit.servers.ServerProcess`es (process group, log, bounded health wait, kill); only
-the bind address and the connector's `side_channel_host` differ from the one-namespace servers.
+The processes are `ascend_testkit.servers`' own `start_serve` / `start_router` servers; only the bind address, the
+namespace and the connector's `side_channel_host` differ from the one-namespace servers.
 """
 
 from __future__ import annotations
 
-import json
 import os
-import sys
-from pathlib import Path
 
 from ascend_testkit.hosts import Host
-from ascend_testkit.reach.collect import reach_env
-from ascend_testkit.servers import ServerProcess, p2p_kv_config, serve_env, tiny_serve_args
+from ascend_testkit.servers import ServerProcess, p2p_kv_config, start_router, start_serve
 
 
 def host_kv_config(host: Host, role: str, side_channel_port: int, engine_id: str, **extra) -> dict:
@@ -37,15 +33,8 @@ def start_serve_on(
     simulate: bool = True,
 ) -> ServerProcess:
     """`ascend-vllm serve MODEL --host <host's address> --port PORT [args]` on `host`; call `wait_healthy`."""
-    log_dir = Path(log_dir)
-    argv = [sys.executable, "-m", "ascend_vllm.cli", "serve", str(model), "--host", host.address, "--port", str(port)]
-    argv += args if args is not None else tiny_serve_args()
-    if kv_transfer_config is not None:
-        argv += ["--kv-transfer-config", json.dumps(kv_transfer_config)]
-    env = serve_env(log_dir / f"cache-{name}", cpu, simulate=simulate, extra=env_extra)
-    return ServerProcess(
-        name, argv, port=port, env=env, log_path=log_dir / f"{name}.log", netns=host, host=host.address
-    )
+    return start_serve(name, model, port, log_dir=log_dir, cpu=cpu, netns=host, kv_transfer_config=kv_transfer_config,
+                       args=args, env_extra=env_extra, simulate=simulate, host=host.address)
 
 
 def start_router_on(
@@ -59,13 +48,5 @@ def start_router_on(
     args: list[str] | None = None,
 ) -> ServerProcess:
     """`ascend-vllm router --host <host's address> --prefill URL … --decode URL …` on `host`."""
-    argv = [sys.executable, "-m", "ascend_vllm.cli", "router", "--host", host.address, "--port", str(port)]
-    for url in prefill:
-        argv += ["--prefill", url]
-    for url in decode:
-        argv += ["--decode", url]
-    argv += list(args or [])
-    env = dict(os.environ) | reach_env()
-    return ServerProcess(
-        name, argv, port=port, env=env, log_path=Path(log_dir) / f"{name}.log", netns=host, host=host.address
-    )
+    return start_router(name, port, prefill=prefill, decode=decode, log_dir=log_dir, netns=host, args=args,
+                        host=host.address)

@@ -235,25 +235,29 @@ class ServerProcess:
 def start_serve(name: str, model: str | os.PathLike, port: int, *, log_dir: str | os.PathLike, cpu: int | None,
                 netns: LoopbackNamespace | None = None, kv_transfer_config: dict | None = None,
                 args: list[str] | None = None, env_extra: dict[str, str] | None = None,
-                simulate: bool = True) -> ServerProcess:
-    """`ascend-vllm serve MODEL --host 127.0.0.1 --port PORT [args]`, not yet waited for (call `wait_healthy`)."""
+                simulate: bool = True, host: str = "127.0.0.1") -> ServerProcess:
+    """`ascend-vllm serve MODEL --host HOST --port PORT [args]` (in `netns`), not yet waited for (call
+    `wait_healthy`)."""
     log_dir = Path(log_dir)
-    argv = [sys.executable, "-m", "ascend_vllm.cli", "serve", str(model), "--host", "127.0.0.1", "--port", str(port),
+    argv = [sys.executable, "-m", "ascend_vllm.cli", "serve", str(model), "--host", host, "--port", str(port),
             *(args if args is not None else tiny_serve_args())]
     if kv_transfer_config is not None:
         argv += ["--kv-transfer-config", json.dumps(kv_transfer_config)]
     env = serve_env(log_dir / f"cache-{name}", cpu, simulate=simulate, extra=env_extra)
-    return ServerProcess(name, argv, port=port, env=env, log_path=log_dir / f"{name}.log", netns=netns)
+    return ServerProcess(name, argv, port=port, env=env, log_path=log_dir / f"{name}.log", netns=netns, host=host)
 
 
 def start_router(name: str, port: int, *, prefill: list[str], decode: list[str], log_dir: str | os.PathLike,
-                 netns: LoopbackNamespace | None = None, args: list[str] | None = None) -> ServerProcess:
-    """`ascend-vllm router --prefill URL … --decode URL … --port PORT [args]`, not yet waited for."""
-    argv = [sys.executable, "-m", "ascend_vllm.cli", "router", "--host", "127.0.0.1", "--port", str(port)]
+                 netns: LoopbackNamespace | None = None, args: list[str] | None = None,
+                 host: str = "127.0.0.1") -> ServerProcess:
+    """`ascend-vllm router --host HOST --prefill URL … --decode URL … --port PORT [args]` (in `netns`), not yet
+    waited for."""
+    argv = [sys.executable, "-m", "ascend_vllm.cli", "router", "--host", host, "--port", str(port)]
     for url in prefill:
         argv += ["--prefill", url]
     for url in decode:
         argv += ["--decode", url]
     argv += list(args or [])
     env = dict(os.environ) | reach_env()
-    return ServerProcess(name, argv, port=port, env=env, log_path=Path(log_dir) / f"{name}.log", netns=netns)
+    return ServerProcess(name, argv, port=port, env=env, log_path=Path(log_dir) / f"{name}.log", netns=netns,
+                         host=host)
