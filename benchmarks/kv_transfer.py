@@ -173,15 +173,21 @@ def synthetic_consumer(repeats: int, host: str = "127.0.0.1", peer_host: str = "
 
 def run_synthetic(ns, repeats: int, logdir: Path) -> dict:
     me = [sys.executable, str(Path(__file__).resolve())]
-    env_log = open(logdir / "producer.log", "wb")  # noqa: SIM115
-    producer = ns.popen([*me, "--synthetic-producer", "--repeats", str(repeats)], stdin=subprocess.PIPE,
-                        stdout=subprocess.PIPE, stderr=env_log)
+    return run_producer_and_consumer(
+        lambda **popen: ns.popen([*me, "--synthetic-producer", "--repeats", str(repeats)], **popen),
+        ns.command([*me, "--synthetic-consumer", "--repeats", str(repeats)]), logdir)
+
+
+def run_producer_and_consumer(start_producer, consumer_cmd: list[str], logdir: Path) -> dict:
+    """Start the producer (`start_producer(**popen_kwargs)`), wait for its ready line, run the consumer command to its
+    end, and return the consumer's JSON line; the producer ends when its stdin closes. Logs go to `logdir`."""
+    plog = open(logdir / "producer.log", "wb")  # noqa: SIM115
+    producer = start_producer(stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=plog)
     try:
         hello = json.loads(producer.stdout.readline() or b"{}")
         if not hello.get("ready"):
             raise RuntimeError(f"synthetic producer failed (log {logdir / 'producer.log'})")
-        out = subprocess.run(ns.command([*me, "--synthetic-consumer", "--repeats", str(repeats)]),
-                             capture_output=True, timeout=600, check=False)
+        out = subprocess.run(consumer_cmd, capture_output=True, timeout=600, check=False)
         (logdir / "consumer.log").write_bytes(out.stderr)
         if out.returncode != 0:
             raise RuntimeError(f"synthetic consumer failed: {out.stderr.decode()[-2000:]}")
@@ -193,7 +199,7 @@ def run_synthetic(ns, repeats: int, logdir: Path) -> dict:
         except subprocess.TimeoutExpired:
             producer.kill()
             producer.wait(timeout=10)
-        env_log.close()
+        plog.close()
 
 
 # ---- the two-engine flow ------------------------------------------------------------------------------------------

@@ -20,13 +20,18 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from kv_transfer import BLOCKS, LAYERS, synthetic_consumer, synthetic_producer  # noqa: E402
+from kv_transfer import (  # noqa: E402
+    BLOCKS,
+    LAYERS,
+    run_producer_and_consumer,
+    synthetic_consumer,
+    synthetic_producer,
+)
 
 PRODUCER_PORT = 33500
 PROMPT_TOKENS = 2000  # the tiny Llama allows 2048 positions: the prompt plus a few decoded tokens
@@ -40,37 +45,9 @@ def log(*args) -> None:
 def run_synthetic(topo, repeats: int, logdir: Path) -> dict:
     me = [sys.executable, str(Path(__file__).resolve())]
     a, b = topo["prefill"], topo["decode"]
-    plog = open(logdir / "producer.log", "wb")  # noqa: SIM115
-    producer = a.popen(
-        [*me, "--synthetic-producer", "--repeats", str(repeats), "--host", a.address],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=plog,
-    )
-    try:
-        hello = json.loads(producer.stdout.readline() or b"{}")
-        if not hello.get("ready"):
-            raise RuntimeError(f"synthetic producer failed (log {logdir / 'producer.log'})")
-        out = subprocess.run(
-            b.command(
-                [*me, "--synthetic-consumer", "--repeats", str(repeats), "--host", b.address, "--peer-host", a.address]
-            ),
-            capture_output=True,
-            timeout=600,
-            check=False,
-        )
-        (logdir / "consumer.log").write_bytes(out.stderr)
-        if out.returncode != 0:
-            raise RuntimeError(f"synthetic consumer failed: {out.stderr.decode()[-2000:]}")
-        return json.loads(out.stdout.decode().strip().splitlines()[-1])
-    finally:
-        producer.stdin.close()
-        try:
-            producer.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            producer.kill()
-            producer.wait(timeout=10)
-        plog.close()
+    producer = [*me, "--synthetic-producer", "--repeats", str(repeats), "--host", a.address]
+    consumer = [*me, "--synthetic-consumer", "--repeats", str(repeats), "--host", b.address, "--peer-host", a.address]
+    return run_producer_and_consumer(lambda **popen: a.popen(producer, **popen), b.command(consumer), logdir)
 
 
 # ---- engines on the two hosts --------------------------------------------------------------------------------------
