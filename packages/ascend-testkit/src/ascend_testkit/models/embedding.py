@@ -10,31 +10,23 @@ token per word, no specials added), so a prompt of n words is n tokens in either
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 from ascend_testkit.models.checkpoint_cache import built_once, default_cache_dir
+from ascend_testkit.models.tiny_llama import TinyModelSpec
 from ascend_testkit.models.word_tokenizer import save_word_tokenizer
 
 
 @dataclass(frozen=True)
-class TinyEmbeddingSpec:
-    hidden_size: int = 64
-    num_layers: int = 2
-    num_heads: int = 2
-    num_kv_heads: int = 2
-    head_dim: int = 32  # vLLM's CPU attention serves 32, not 16
-    intermediate_size: int = 128
-    vocab_size: int = 1000
+class TinyEmbeddingSpec(TinyModelSpec):
+    """The tiny Llama's shape with an embedding model's defaults: positions for the prompts pooled here, and a
+    smaller initializer range (pooled vectors, not greedy choices, are compared)."""
+
     max_position_embeddings: int = 512
     initializer_range: float = 0.5
-    seed: int = 0
-
-    def key(self) -> str:
-        return hashlib.sha256(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()[:12]
 
 
 def _save_sentence_transformers_pooling(path: Path, pooling_mode: str, hidden_size: int) -> None:
