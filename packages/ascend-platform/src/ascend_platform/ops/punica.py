@@ -44,14 +44,10 @@ class AscendPunicaWrapper(PunicaWrapperCPU):
         kernel_ops().bgmv_shrink(x, w_t_all, y, self.token_lora_indices, scale)
 
     def _expand_prefill(self, y: torch.Tensor, x: torch.Tensor, w_t_all: torch.Tensor, add_inputs: bool) -> None:
-        if self.no_lora:
-            return
-        usage.count("lora.sgmv_expand")
-        kernel_ops().sgmv_expand(x, w_t_all, y, *_segments(self.prefill_metadata), 0, None, add_inputs)
+        self._expand_slice_prefill(y, x, w_t_all, 0, None, add_inputs)
 
     def _expand_decode(self, y: torch.Tensor, x: torch.Tensor, w_t_all: torch.Tensor, add_inputs: bool) -> None:
-        usage.count("lora.bgmv_expand")
-        kernel_ops().bgmv_expand(x, w_t_all, y, self.token_lora_indices, 0, None, add_inputs)
+        self._expand_slice_decode(y, x, w_t_all, 0, None, add_inputs)
 
     def _expand_slice_prefill(
         self,
@@ -59,7 +55,7 @@ class AscendPunicaWrapper(PunicaWrapperCPU):
         x: torch.Tensor,
         w_t_all: torch.Tensor,
         y_offset: int,
-        y_slice_size: int,
+        y_slice_size: int | None,
         add_inputs: bool,
     ) -> None:
         if self.no_lora:
@@ -73,7 +69,7 @@ class AscendPunicaWrapper(PunicaWrapperCPU):
         x: torch.Tensor,
         w_t_all: torch.Tensor,
         y_offset: int,
-        y_slice_size: int,
+        y_slice_size: int | None,
         add_inputs: bool,
     ) -> None:
         usage.count("lora.bgmv_expand")
