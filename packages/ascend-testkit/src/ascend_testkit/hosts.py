@@ -101,7 +101,7 @@ class Link:
                     check=False,
                 )  # none there is fine
                 continue
-            burst = max(_MIN_BURST_BYTES, rate_bits_per_s(rate) // 8 // 100)  # 10 ms of traffic
+            burst = tbf_burst_bytes(rate)
             host.run(
                 [
                     "tc",
@@ -123,6 +123,12 @@ class Link:
 
     def is_up(self) -> bool:
         return all("LOWER_UP" in host.run(["ip", "link", "show", dev]) for host, dev, _ in self.ends)
+
+
+def tbf_burst_bytes(rate: str) -> int:
+    """The bucket `Link.limit` gives a rate: what crosses at once before the rate holds (10 ms of traffic, or the
+    smallest bucket tbf keeps its rate with)."""
+    return max(_MIN_BURST_BYTES, rate_bits_per_s(rate) // 8 // 100)
 
 
 def rate_bits_per_s(rate: str) -> int:
