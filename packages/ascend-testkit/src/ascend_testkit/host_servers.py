@@ -2,7 +2,9 @@
 to that host's own address, as a user starts them on each machine of a multi-host deployment.
 
 The processes are `ascend_testkit.servers`' own `start_serve` / `start_router` servers; only the bind address, the
-namespace and the connector's `side_channel_host` differ from the one-namespace servers.
+namespace and the connector's `side_channel_host` differ from the one-namespace servers. `start_tp_node_on` starts
+one node of vLLM's own multi-node launch (tensor parallel across hosts), with the environment each node needs
+(`node_env`).
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ from __future__ import annotations
 import os
 
 from ascend_testkit.hosts import Host
-from ascend_testkit.servers import ServerProcess, p2p_kv_config, start_router, start_serve
+from ascend_testkit.servers import ServerProcess, p2p_kv_config, start_router, start_serve, tiny_serve_args
 
 
 def host_kv_config(host: Host, role: str, side_channel_port: int, engine_id: str, **extra) -> dict:
@@ -50,3 +52,42 @@ def start_router_on(
     """`ascend-vllm router --host <host's address> --prefill URL … --decode URL …` on `host`."""
     return start_router(name, port, prefill=prefill, decode=decode, log_dir=log_dir, netns=host, args=args,
                         host=host.address)
+
+
+def node_env(host: Host, peer: str) -> dict[str, str]:
+    """What a user sets on each machine of a multi-node vLLM deployment, for `host`: vLLM's own address
+    (`VLLM_HOST_IP`: where the other nodes reach this node's message queues; vLLM otherwise asks the default route,
+    which a test host has none of) and the interface gloo's process groups use (`GLOO_SOCKET_IFNAME`: gloo otherwise
+    binds the address the machine's hostname resolves to, which is not on a test host, and falls back to loopback,
+    which the other node cannot reach). The interface is `host`'s link to `peer`."""
+    return {"VLLM_HOST_IP": host.address, "GLOO_SOCKET_IFNAME": host.links[peer]}
+
+
+def start_tp_node_on(
+    host: Host,
+    name: str,
+    model: str | os.PathLike,
+    port: int,
+    *,
+    peer: str,
+    master: Host,
+    master_port: int,
+    node_rank: int,
+    nnodes: int,
+    tensor_parallel_size: int,
+    log_dir: str | os.PathLike,
+    cpu: int | str | None,
+    args: list[str] | None = None,
+    env_extra: dict[str, str] | None = None,
+) -> ServerProcess:
+    """One node of vLLM's mp multi-node launch, `ascend-vllm serve MODEL --nnodes N --node-rank R --master-addr
+    <master's address> --master-port P --tensor-parallel-size T [--headless]` on `host` (every node but rank 0 is
+    headless: it runs its workers and no API server, so only rank 0's `wait_healthy` means anything; rank 0 is healthy
+    once every node's workers joined)."""
+    node_args = ["--tensor-parallel-size", str(tensor_parallel_size), "--nnodes", str(nnodes), "--node-rank",
+                 str(node_rank), "--master-addr", master.address, "--master-port", str(master_port)]
+    if node_rank > 0:
+        node_args.append("--headless")
+    return start_serve_on(host, name, model, port, log_dir=log_dir, cpu=cpu,
+                          args=[*(args if args is not None else tiny_serve_args()), *node_args],
+                          env_extra={**node_env(host, peer), **(env_extra or {})})
