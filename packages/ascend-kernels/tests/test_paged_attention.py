@@ -95,6 +95,37 @@ def _run(
 DTYPES = pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 
 
+@pytest.fixture(autouse=True)
+def pages_in_place(monkeypatch):
+    """These tests' contexts are a few blocks, which a float32 cache would gather (`GATHER_SMALL_BYTES`): they are
+    written for the pages read in place, the path long contexts take; test_small_contexts_are_gathered checks the
+    switch."""
+    from ascend_kernels.reference import attention
+
+    monkeypatch.setattr(attention, "GATHER_SMALL_BYTES", 0)
+
+
+@pytest.mark.parametrize("gather_below", [0, None])
+def test_small_contexts_are_gathered(strided_caches, monkeypatch, gather_below):
+    """A float32 batch of short contexts is one gathered chunk (not a part per request read in place); past the
+    threshold (0 here) the same batch is read in place. Both equal the naive formulation."""
+    from ascend_kernels.reference import attention
+
+    if gather_below is None:
+        monkeypatch.undo()  # the module's threshold
+    else:
+        monkeypatch.setattr(attention, "GATHER_SMALL_BYTES", gather_below)
+    gathered, in_place = [], []
+    attend, attend_pages = attention._attend_blocks, attention._attend_pages
+    monkeypatch.setattr(attention, "_attend_blocks", lambda *a: gathered.append(1) or attend(*a))
+    monkeypatch.setattr(attention, "_attend_pages", lambda *a: in_place.append(1) or attend_pages(*a))
+    _run(strided_caches, q_lens=[1, 1, 1, 2], seq_lens=[40, 17, 64, 20], heads=8, kv_heads=2, dtype=torch.float32)
+    if gather_below is None:
+        assert in_place == [] and len(gathered) == 2  # the decodes' chunk and the two-row verify's
+    else:
+        assert gathered == [] and len(in_place) == 4
+
+
 @DTYPES
 def test_empty_batch(strided_caches, dtype):
     _run(strided_caches, q_lens=[], seq_lens=[], heads=4, kv_heads=1, dtype=dtype)
