@@ -1,0 +1,103 @@
+"""A tiny random dense Qwen3-Next hybrid checkpoint built on the spot: gated delta-net (linear attention) layers
+interleaved with gated full attention, with dense MLPs but in the last layer, a tiny mixture of experts (vLLM's
+`Qwen3NextForCausalLM` refuses a model without one: "No Qwen3Next layer found").
+
+Qwen3-Next stands in for Qwen3.5's dense models: both run vLLM's one gated delta-net layer
+(`QwenGatedDeltaNetAttention`, Qwen3-Next with its interleaved q/k/v/z projection) and the same GDN state and ops.
+vLLM 0.32's `qwen3_5.py` cannot be imported here: it imports `qwen3_vl`, whose transformers image processor needs
+torchvision, which this environment does not ship (see docs/hybrid_models.md).
+
+vLLM's CPU build serves the gated delta-net layers only in bfloat16 and only with linear-attention head dims its
+kernels take (128; 32 is refused), so the spec keeps 128-wide linear heads and saves bf16 weights. The layer
+pattern mixes both kinds twice, so every engine step plans two KV cache groups (Mamba-style state and paged
+attention) that share one page size. The word-level tokenizer (`w0 … wN`) makes a prompt of n words n tokens.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from ascend_testkit.models.checkpoint_cache import built_once, default_cache_dir
+from ascend_testkit.models.word_tokenizer import save_word_tokenizer
+
+
+@dataclass(frozen=True)
+class TinyHybridSpec:
+    hidden_size: int = 128
+    layer_types: tuple[str, ...] = ("linear_attention", "full_attention", "linear_attention", "full_attention")
+    num_heads: int = 2
+    num_kv_heads: int = 1
+    head_dim: int = 64
+    linear_num_key_heads: int = 1
+    linear_num_value_heads: int = 2
+    linear_key_head_dim: int = 128
+    linear_value_head_dim: int = 128
+    linear_conv_kernel_dim: int = 4
+    intermediate_size: int = 256
+    num_experts: int = 4
+    num_experts_per_tok: int = 2
+    moe_intermediate_size: int = 64
+    vocab_size: int = 1000
+    max_position_embeddings: int = 2048
+    # Peaked next-token distributions, so greedy choices are the model's and not bf16 rounding's.
+    initializer_range: float = 2.0
+    seed: int = 0
+
+    def key(self) -> str:
+        return hashlib.sha256(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()[:12]
+
+
+def build_tiny_qwen3_next(path: str | os.PathLike, spec: TinyHybridSpec = TinyHybridSpec()) -> Path:
+    """Write a `Qwen3NextForCausalLM` (dense MLPs, experts in the last layer) with random bf16 weights and the word
+    tokenizer to `path`."""
+    import torch
+    from transformers import Qwen3NextConfig, Qwen3NextForCausalLM
+
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    save_word_tokenizer(path, spec.vocab_size)
+    config = Qwen3NextConfig(
+        vocab_size=spec.vocab_size,
+        hidden_size=spec.hidden_size,
+        intermediate_size=spec.intermediate_size,
+        num_hidden_layers=len(spec.layer_types),
+        layer_types=list(spec.layer_types),
+        num_attention_heads=spec.num_heads,
+        num_key_value_heads=spec.num_kv_heads,
+        head_dim=spec.head_dim,
+        linear_num_key_heads=spec.linear_num_key_heads,
+        linear_num_value_heads=spec.linear_num_value_heads,
+        linear_key_head_dim=spec.linear_key_head_dim,
+        linear_value_head_dim=spec.linear_value_head_dim,
+        linear_conv_kernel_dim=spec.linear_conv_kernel_dim,
+        max_position_embeddings=spec.max_position_embeddings,
+        initializer_range=spec.initializer_range,
+        bos_token_id=1,
+        eos_token_id=2,
+        tie_word_embeddings=False,
+        num_experts=spec.num_experts,
+        num_experts_per_tok=spec.num_experts_per_tok,
+        moe_intermediate_size=spec.moe_intermediate_size,
+        shared_expert_intermediate_size=spec.moe_intermediate_size,
+        mlp_only_layers=list(range(len(spec.layer_types) - 1)),
+    )
+    config.architectures = ["Qwen3NextForCausalLM"]
+    torch.manual_seed(spec.seed)
+    model = Qwen3NextForCausalLM(config)
+    # HF initialises A_log / dt_bias / norms to constants; random draws give every head its own decay and gate.
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith(("A_log", "dt_bias")):
+                param.uniform_(-1.0, 1.0)
+    model.to(torch.bfloat16).save_pretrained(path, safe_serialization=True)
+    return path
+
+
+def cached_tiny_qwen3_next(spec: TinyHybridSpec = TinyHybridSpec(), cache_dir: str | os.PathLike | None = None) -> Path:
+    """The tiny Qwen3-Next hybrid for `spec`, built once into the cache (the folder name carries the spec's hash)."""
+    folder = Path(cache_dir or default_cache_dir()) / f"tiny-qwen3-next-{spec.key()}"
+    return built_once(folder, lambda tmp: build_tiny_qwen3_next(tmp, spec))
