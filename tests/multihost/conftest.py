@@ -98,3 +98,33 @@ def serving(hosts_serving):
 
     with inside(hosts_serving.topo["router"]):
         yield hosts_serving
+
+
+@pytest.fixture(scope="module")
+def restart_on(tmp_path_factory, tiny_model, hosts_serving):
+    """`restart_on(role)`: a fresh "prefill" or "decode" server on that role's host, started as `hosts_serving`
+    started the first (same address, port, side channel and connector bounds), waited healthy and put in its place
+    in `hosts_serving`; every one is closed at module end."""
+    from ascend_testkit.host_servers import host_kv_config, start_serve_on
+
+    logs = tmp_path_factory.mktemp("multihost-restarts")
+    started = []
+
+    def restart(role: str) -> ServerProcess:
+        host = hosts_serving.topo[role]
+        kind = "kv_producer" if role == "prefill" else "kv_consumer"
+        kv = host_kv_config(host, kind, SIDE_CHANNEL_PORTS[role], role, **KV_BOUNDS)
+        port = PREFILL_PORT if role == "prefill" else DECODE_PORT
+        server = start_serve_on(host, f"{role}-{len(started) + 2}", tiny_model, port, log_dir=logs,
+                                cpu=0 if role == "prefill" else 1, kv_transfer_config=kv,
+                                env_extra={"VLLM_SERVER_DEV_MODE": "1", **MOONCAKE_ENV})
+        started.append(server)
+        server.wait_healthy()
+        setattr(hosts_serving, role, server)
+        return server
+
+    yield restart
+    for server in started:
+        server.close()
+    leftovers = [s.name for s in started if s.alive]
+    assert not leftovers, f"restarted servers still running: {leftovers}"

@@ -19,7 +19,7 @@ import socket, sys, time
 deadline = time.monotonic() + float(sys.argv[2])
 while True:
     try:
-        socket.create_connection(("127.0.0.1", int(sys.argv[1])), timeout=1).close()
+        socket.create_connection((sys.argv[3], int(sys.argv[1])), timeout=1).close()
         sys.exit(0)
     except OSError:
         if time.monotonic() > deadline:
@@ -46,16 +46,18 @@ class MooncakeMaster:
     (32768-60999), where engines alive in the same namespace take theirs."""
 
     def __init__(self, netns: LoopbackNamespace, log_path: str | os.PathLike, *, rpc_port: int = 27051,
-                 metrics_port: int | None = None, flags: dict[str, object] | None = None, timeout_s: float = 30.0):
+                 metrics_port: int | None = None, flags: dict[str, object] | None = None, timeout_s: float = 30.0,
+                 rpc_address: str = "127.0.0.1"):
         self.netns = netns
         self.rpc_port = rpc_port
+        self.rpc_address = rpc_address  # a test host's own address (`ascend_testkit.hosts`) serves other hosts
         self.log_path = Path(log_path)
-        argv = [master_binary(), f"--rpc_port={rpc_port}", "--rpc_address=127.0.0.1",
+        argv = [master_binary(), f"--rpc_port={rpc_port}", f"--rpc_address={rpc_address}",
                 f"--metrics_port={metrics_port or rpc_port + 1}", "--metrics_host=127.0.0.1"]
         argv += [f"--{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in (flags or {}).items()]
         self._log = open(self.log_path, "wb")  # noqa: SIM115 - lives as long as the process
         self.proc = netns.popen(argv, stdout=self._log, stderr=subprocess.STDOUT)
-        probe = netns.popen([sys.executable, "-c", _CONNECT, str(rpc_port), str(timeout_s)])
+        probe = netns.popen([sys.executable, "-c", _CONNECT, str(rpc_port), str(timeout_s), rpc_address])
         try:
             ok = probe.wait(timeout=timeout_s + 10) == 0
         except subprocess.TimeoutExpired:
@@ -64,12 +66,12 @@ class MooncakeMaster:
             ok = False
         if not ok or self.proc.poll() is not None:
             self.close()
-            raise MooncakeMasterError(f"mooncake_master did not listen on 127.0.0.1:{rpc_port} within {timeout_s} s "
-                                      f"(log: {self.log_path})")
+            raise MooncakeMasterError(f"mooncake_master did not listen on {rpc_address}:{rpc_port} within "
+                                      f"{timeout_s} s (log: {self.log_path})")
 
     @property
     def address(self) -> str:
-        return f"127.0.0.1:{self.rpc_port}"
+        return f"{self.rpc_address}:{self.rpc_port}"
 
     def alive(self) -> bool:
         return self.proc.poll() is None
