@@ -31,6 +31,7 @@ OP_MODULES: tuple[str, ...] = (
     "ascend_kernels.ops_quant_moe",
     "ascend_kernels.ops_kv_quant",
     "ascend_kernels.ops_lora",
+    "ascend_kernels.ops_vision",
 )
 
 BACKEND_NAMES: tuple[str, ...] = ("reference", "npu")

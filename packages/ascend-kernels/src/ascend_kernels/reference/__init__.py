@@ -59,6 +59,7 @@ from ascend_kernels.reference.sparse_mla import (
     quantize_fp8_groups,
     sparse_mla_attention,
 )
+from ascend_kernels.reference.vision import vision_attention
 
 
 def __getattr__(name: str):
