@@ -48,7 +48,9 @@ def register_custom_ops() -> bool:
                                                      rotary_dim=self.rotary_dim, is_neox=self.is_neox_style)
 
     from ascend_platform.attention.sfa_indexer import register_sparse_indexer
+    from ascend_platform.attention.vision_attention import register_vision_attention
 
     register_sparse_indexer()
+    register_vision_attention()  # vision towers' MMEncoderAttention
     _registered = True
     return True
