@@ -156,3 +156,39 @@ def test_plane_names_come_from_the_kernel_backends_declared_layout(kv_cases, mon
     monkeypatch.setitem(op_registry.KV_LAYOUTS, "npu", head_major)
     with pytest.raises(KVLayoutError, match="kernel backend 'npu' declares attention planes"):
         kv_planes.attention_planes(spec, "npu")
+
+
+@pytest.mark.parametrize("layout", ["LBNHC", "LBHNC"])
+def test_attention_planes_beside_mamba_states_are_paged_and_stay_inside_their_pages(plan, kv_cases, layout):
+    specs, memory, _ = kv_cases["mamba_hybrid"]()
+    config = plan(specs, memory, layout)
+    attention = {n: s for n, s in specs.items() if n.endswith(".attn")}
+    alloc = allocate_kv_caches(config, device="cpu", planes=_declared(attention))
+    packed = allocate_kv_caches(config, device="cpu")
+    assert alloc.nbytes == packed.nbytes
+    for name in attention:
+        geometry = alloc.planar[name]
+        assert geometry.block_stride is not None, name
+        kv = alloc.layers[name]
+        assert isinstance(kv, AttentionKV)
+        # Block b's K and V lie inside the bytes the packed cells of block b take (the page vLLM planned).
+        cells = packed.vllm_views[name]
+        page = cells.stride(0) * cells.element_size()
+        for b in (0, 1, alloc.num_blocks - 1):
+            for part in (kv.key, kv.value):
+                start = part[b].data_ptr() - alloc.vllm_views[name].data_ptr()
+                end = start + part[b].numel() * part.element_size()
+                assert b * page <= start and end <= b * page + page, (name, b, start, end, page)
+        bound = attention_kv_of(alloc.vllm_views[name], attention[name].head_size)
+        assert bound.key.data_ptr() == kv.key.data_ptr() and bound.value.data_ptr() == kv.value.data_ptr()
+    # Zeroing a block of the attention layers leaves the Mamba states of every other block as they were.
+    state_layers = [n for n in specs if n.endswith(".mixer")]
+    for name in list(attention) + state_layers:
+        for part in (alloc.layers[name].tensors if name in state_layers else (alloc.layers[name].key,
+                                                                              alloc.layers[name].value)):
+            part.fill_(1)
+    assert alloc.zero_blocks([2], list(attention)) == 2 * len(attention)
+    for name in attention:
+        assert not alloc.layers[name].key[2].any() and alloc.layers[name].key[[1, 3]].all()
+    for name in state_layers:
+        assert all(t[[1, 3]].all() for t in alloc.layers[name].tensors)

@@ -9,7 +9,7 @@ within the planner's budget. `storages` lists each real buffer once, 2 MiB align
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
 import torch
@@ -20,7 +20,7 @@ from ascend_core.kv.errors import KVLayoutError
 from ascend_core.kv.layout import resolve_layout
 from ascend_core.kv.placement import LayerPlacement, layer_specs, private_bytes, private_placements, shared_placements
 from ascend_core.kv.planes import PlaneGeometry, PlaneSplit
-from ascend_core.kv.views import MLAKV, AttentionKV, LayerKV, build_layer_kv, vllm_layer_view
+from ascend_core.kv.views import MLAKV, AttentionKV, LayerKV, MambaState, build_layer_kv, vllm_layer_view
 
 logger = init_logger(__name__)
 
@@ -57,6 +57,26 @@ class KVCacheAllocation:
         """`layer -> tensor` as vLLM's own `allocate_kv_cache` returns it for the same config (for the forward
         context and KV connectors): the `[B, H, N, C]` view of the layer's pages in the spec's dtype."""
         return dict(self.vllm_views)
+
+    def zero_blocks(self, block_ids: Sequence[int], layers: Sequence[str]) -> int:
+        """Zero blocks `block_ids` of `layers` through their typed views (a planar layer's block is one page per
+        plane, not `tensor[block]` of the tensor vLLM binds). Hybrid models need it: vLLM hands a freed Mamba-state
+        block to an attention layer, whose kernels must not read stale state bytes as keys. Returns the parts
+        zeroed."""
+        if not block_ids:
+            return 0
+        zeroed = 0
+        for name in dict.fromkeys(layers):
+            kv = self.layers.get(name)
+            if kv is None:
+                continue
+            parts = kv.tensors if isinstance(kv, MambaState) else [getattr(kv, f.name) for f in fields(kv)]
+            for part in parts:
+                if isinstance(part, torch.Tensor):
+                    idx = torch.tensor(list(block_ids), dtype=torch.long, device=part.device)
+                    part.index_fill_(0, idx, 0)
+                    zeroed += 1
+        return zeroed
 
     @property
     def nbytes(self) -> int:
@@ -140,11 +160,13 @@ def allocate_kv_caches(
     vllm_views: dict[str, torch.Tensor] = {}
     planar: dict[str, PlaneGeometry] = {}
     planes = dict(planes or {})
-    _check_planar_regions(placements, planes)
+    paged = _paged_planar_layers(placements, planes)
+    _check_planar_regions(placements, {name: split for name, split in planes.items() if name not in paged})
     for p in placements:
         byte_view = _byte_view(backings[p.backing], p)
         if p.layer in planes:
-            layers[p.layer], vllm_views[p.layer], planar[p.layer] = _planar(byte_view, p, planes[p.layer])
+            layers[p.layer], vllm_views[p.layer], planar[p.layer] = _planar(byte_view, p, planes[p.layer],
+                                                                             p.layer in paged)
         else:
             layers[p.layer] = build_layer_kv(byte_view, p.spec, p.layer)
             vllm_views[p.layer] = vllm_layer_view(byte_view, p.spec)
@@ -170,6 +192,28 @@ def _plane_sizes(p: LayerPlacement, split: PlaneSplit) -> tuple[int, int]:
         raise KVLayoutError(f"layer {p.layer!r}: block stride {p.strides[0]} B is smaller than its page "
                             f"({dense_page} B), so its pages cannot be re-laid as planes")
     return blocks * dense_page, size
+
+
+def _is_state(spec: Any) -> bool:
+    """A Mamba-style state spec (vLLM's `MambaSpec` family: states of given shapes and dtypes, no per-token KV)."""
+    return hasattr(spec, "shapes") and hasattr(spec, "dtypes")
+
+
+def _paged_planar_layers(placements: Sequence[LayerPlacement], planes: Mapping[str, PlaneSplit]) -> set[str]:
+    """The planar layers that get paged planes (`ascend_core.kv.planes`): those of a backing where a planar layer
+    shares bytes with a Mamba-style state layer (a hybrid model's GDN / Mamba states overlaid on its attention
+    pages). Paged planes touch only the layer's own pages, so such an overlay is as safe as vLLM's own (each block
+    id belongs to one group). An overlay with packed attention cells stays refused (`_check_planar_regions`)."""
+    by_backing: dict[tuple, list[LayerPlacement]] = {}
+    for p in placements:
+        by_backing.setdefault(p.backing, []).append(p)
+    paged: set[str] = set()
+    for members in by_backing.values():
+        mixed = any(a.layer in planes and _is_state(b.spec) and a.offset < b.end and b.offset < a.end
+                    for a in members for b in members)
+        if mixed:
+            paged.update(p.layer for p in members if p.layer in planes)
+    return paged
 
 
 def _check_planar_regions(placements: Sequence[LayerPlacement], planes: Mapping[str, PlaneSplit]) -> None:
@@ -202,12 +246,18 @@ def _check_planar_regions(placements: Sequence[LayerPlacement], planes: Mapping[
                                         "memory (use a layer-major KV layout such as LBNHC)")
 
 
-def _planar(byte_view: torch.Tensor, p: LayerPlacement, split: PlaneSplit
+def _planar(byte_view: torch.Tensor, p: LayerPlacement, split: PlaneSplit, paged: bool = False
             ) -> tuple[LayerKV, torch.Tensor, PlaneGeometry]:
     blocks, heads, states, content = p.shape
     nbytes, size = _plane_sizes(p, split)
+    block_stride = None
+    if paged:  # each block's planes inside its own page, pages where vLLM planned them
+        if p.strides[0] % size:
+            raise KVLayoutError(f"layer {p.layer!r}: block stride {p.strides[0]} B is not a whole number of "
+                                f"{p.spec.dtype} elements")
+        block_stride, nbytes = p.strides[0] // size, p.end - p.offset
     region = torch.as_strided(byte_view, (nbytes,), (1,)).view(p.spec.dtype)
-    geometry = kv_planes.plane_geometry(split, blocks, states, heads, p.spec.dtype)
+    geometry = kv_planes.plane_geometry(split, blocks, states, heads, p.spec.dtype, block_stride)
     parts = kv_planes.cut_planes(region, geometry)
     bound = kv_planes.bound_view(region, geometry, (blocks, heads, states, content // size))
     if split.names == ("latent", "rope"):

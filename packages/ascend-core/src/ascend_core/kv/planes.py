@@ -12,6 +12,13 @@ code that moves pages (KV connectors) asks `planes_of` how a layer's tensor spli
 (e.g. on plain vLLM) is one page per block, as before. The table below is the latest allocation's, published by the
 allocator and holding no memory (addresses and shapes only, so freeing the KV cache frees it).
 
+A layer that shares its bytes with a layer of another kind (a hybrid model: vLLM overlays a Mamba-state group on
+the attention group and hands each block id to one group) cannot spread block `b` over the whole region, as its
+planes would run over blocks the other group owns. Its planes are then paged: block `b`'s page (at the block stride
+vLLM planned) holds plane 0's page for `b`, then plane 1's, each dense `[block_size, heads, width]`, so every plane is
+a `[num_blocks, block_size, heads, width]` tensor whose blocks sit one block stride apart (upstream lays attention
+out the same way beside Mamba layers) and the layer touches only the bytes of its own pages.
+
 The planes are the kernel backend's declaration (`ascend_kernels.op_registry.kv_layout(backend)`, principle 9): the
 plane names and their order come from it, and a backend declaring a layout these dense planes cannot give is an
 error here rather than caches its kernels would refuse.
@@ -41,16 +48,25 @@ class PlaneSplit:
 
 @dataclass(frozen=True)
 class PlaneGeometry:
-    """One planar layer: plane `i` is the contiguous `shapes[i]` tensor at element `offsets[i]` of the region."""
+    """One planar layer: plane `i` is the `shapes[i]` tensor at element `offsets[i]` of the region, contiguous, or
+    (paged planes, `block_stride` set) with its blocks `block_stride` elements apart."""
 
     split: PlaneSplit
     shapes: tuple[tuple[int, ...], ...]
     offsets: tuple[int, ...]
     dtype: torch.dtype
+    block_stride: int | None = None
 
     @property
     def elements(self) -> int:
-        return self.offsets[-1] + _numel(self.shapes[-1])
+        if self.block_stride is None:
+            return self.offsets[-1] + _numel(self.shapes[-1])
+        return (self.shapes[0][0] - 1) * self.block_stride + self.offsets[-1] + _numel(self.shapes[-1][1:])
+
+    def strides(self, i: int) -> tuple[int, ...]:
+        _, block_size, heads, width = self.shapes[i]
+        block = self.block_stride if self.block_stride is not None else block_size * heads * width
+        return (block, heads * width, width, 1)
 
 
 def _numel(shape: tuple[int, ...]) -> int:
@@ -61,14 +77,19 @@ def _numel(shape: tuple[int, ...]) -> int:
 
 
 def plane_geometry(split: PlaneSplit, num_blocks: int, block_size: int, num_heads: int,
-                   dtype: torch.dtype) -> PlaneGeometry:
+                   dtype: torch.dtype, block_stride: int | None = None) -> PlaneGeometry:
+    """Dense planes one after the other, or with `block_stride` (elements) paged planes: each block's pages of
+    every plane one after the other inside that block's page."""
     shapes, offsets, at = [], [], 0
     for width in split.widths:
         shape = (num_blocks, block_size, num_heads, width)
         shapes.append(shape)
         offsets.append(at)
-        at += _numel(shape)
-    return PlaneGeometry(split, tuple(shapes), tuple(offsets), dtype)
+        at += _numel(shape) if block_stride is None else _numel(shape[1:])
+    if block_stride is not None and at > block_stride:
+        raise KVLayoutError(f"paged planes {split.names} take {at} elements per block, more than the block stride "
+                            f"({block_stride})")
+    return PlaneGeometry(split, tuple(shapes), tuple(offsets), dtype, block_stride)
 
 
 def cut_planes(region: torch.Tensor, geometry: PlaneGeometry) -> tuple[torch.Tensor, ...]:
@@ -76,7 +97,10 @@ def cut_planes(region: torch.Tensor, geometry: PlaneGeometry) -> tuple[torch.Ten
     if region.dtype != geometry.dtype:
         raise KVLayoutError(f"planes of dtype {geometry.dtype} cut from a {region.dtype} tensor")
     flat = region.as_strided((geometry.elements,), (1,))
-    return tuple(flat[o:o + _numel(s)].view(s) for s, o in zip(geometry.shapes, geometry.offsets, strict=True))
+    if geometry.block_stride is None:
+        return tuple(flat[o:o + _numel(s)].view(s) for s, o in zip(geometry.shapes, geometry.offsets, strict=True))
+    return tuple(flat[o:].as_strided(s, geometry.strides(i))
+                 for i, (s, o) in enumerate(zip(geometry.shapes, geometry.offsets, strict=True)))
 
 
 def bound_view(region: torch.Tensor, geometry: PlaneGeometry, cell_view_shape: tuple[int, ...]) -> torch.Tensor:
@@ -85,6 +109,11 @@ def bound_view(region: torch.Tensor, geometry: PlaneGeometry, cell_view_shape: t
     vLLM's layer expects (`cell_view_shape`), whose contents are the planes (see `planes_of`)."""
     flat = region.as_strided((geometry.elements,), (1,))
     widths = set(geometry.split.widths)
+    if geometry.block_stride is not None:
+        if len(widths) != 1:
+            raise KVLayoutError(f"paged planes {geometry.split.names} of unequal widths have no one bound view")
+        plane_page = geometry.offsets[1] - geometry.offsets[0] if len(geometry.offsets) > 1 else 0
+        return flat.as_strided((len(geometry.shapes), *geometry.shapes[0]), (plane_page, *geometry.strides(0)))
     if len(widths) == 1:
         return flat.view(len(geometry.shapes), *geometry.shapes[0])
     return flat.view(cell_view_shape)

@@ -19,6 +19,7 @@ from vllm.v1.worker.utils import bind_kv_cache
 from ascend_core.upstream import bind_kv_cache_kwargs
 from ascend_platform import usage
 from ascend_platform.worker import kv_binding
+from ascend_platform.worker.block_zeroing import AscendBlockZeroer
 
 
 class AscendRunnerV1Mixin:
@@ -38,6 +39,16 @@ class AscendRunnerV1Mixin:
                       **bind_kv_cache_kwargs(kv_cache_config.kv_cache_groups))
         kv_binding.count_ascend_layers_on(self.ascend_kv, forward_context)
         return kv_caches
+
+    def _init_kv_zero_meta(self) -> None:
+        """vLLM's zeroer reads `layer.kv_cache[block]`; ours zeroes through the allocation (`block_zeroing`)."""
+        self._ascend_zeroer = AscendBlockZeroer(self)
+
+    def _zero_block_ids(self, block_ids: list[int]) -> None:
+        """Hybrid models: zero the full-attention pages of blocks new to them, as vLLM's runners do."""
+        if getattr(self, "_ascend_zeroer", None) is None:
+            self._init_kv_zero_meta()
+        self._ascend_zeroer.zero_block_ids(block_ids)
 
     def release_graphs(self) -> bool:
         """Sleep mode: drop the captured graphs of the static-graph wrappers (vLLM's compiled pieces); they recorded

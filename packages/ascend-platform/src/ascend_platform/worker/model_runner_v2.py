@@ -77,6 +77,13 @@ class AscendRunnerV2Mixin:
         kv_binding.count_ascend_layers_on(self.ascend_kv, forward_context)
         return kv_caches
 
+    def _init_kv_zero_meta(self) -> None:
+        """vLLM's `KVBlockZeroer` reads planar layers' `[2, num_blocks, ...]` as blocks; ours zeroes through the
+        allocation (`block_zeroing`)."""
+        from ascend_platform.worker.block_zeroing import AscendBlockZeroer
+
+        self.kv_block_zeroer = AscendBlockZeroer(self)
+
     def release_graphs(self) -> bool:
         """Sleep mode: drop the captured graphs (the graph manager's and the compiled pieces'). They recorded the
         addresses of the weights and KV cache sleep frees; wake-up gives those new memory, so the graphs are captured
