@@ -32,6 +32,7 @@ OP_MODULES: tuple[str, ...] = (
     "ascend_kernels.ops_kv_quant",
     "ascend_kernels.ops_lora",
     "ascend_kernels.ops_vision",
+    "ascend_kernels.ops_gdn",
 )
 
 BACKEND_NAMES: tuple[str, ...] = ("reference", "npu")

@@ -61,6 +61,10 @@ class AscendWorkerMixin:
 
             # vLLM's V4.1 entry is its CUDA/ROCm vision-language wrapper.
             register_deepseek_v41()
+        from ascend_platform.models.qwen_gdn import has_linear_attention, register_qwen_gdn
+
+        if has_linear_attention(self.vllm_config.model_config.hf_text_config):
+            register_qwen_gdn()  # vLLM's GDN layer would pick CUDA's Triton kernels on an out-of-tree platform
         if self.vllm_config.speculative_config is not None:
             import ascend_specdecode
             from ascend_core.upstream import dflash2_unavailable_reason
