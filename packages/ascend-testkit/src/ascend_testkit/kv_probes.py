@@ -77,3 +77,25 @@ def kv_groups(worker: Any) -> list[dict[str, Any]]:
             "layers": {name: int(specs[name].page_size_bytes) for name in group.layer_names},
         })
     return out
+
+
+def hybrid_kv(worker: Any) -> dict[str, dict[str, Any]]:
+    """Per layer of a hybrid model: the typed view our allocator cut (AttentionKV or MambaState), its parts' shapes
+    and block strides in bytes, and the byte range of its region, to show attention pages and GDN states sharing one
+    backing."""
+    allocation = getattr(worker.model_runner, "ascend_kv", None)
+    if allocation is None:
+        return {}
+    out: dict[str, dict[str, Any]] = {}
+    for name, kv in allocation.layers.items():
+        parts = kv.tensors if hasattr(kv, "tensors") else [v for v in vars(kv).values() if hasattr(v, "shape")]
+        view = allocation.vllm_views[name]
+        out[name] = {
+            "kind": type(kv).__name__,
+            "shapes": [list(p.shape) for p in parts],
+            "block_strides": [int(p.stride(0) * p.element_size()) for p in parts],
+            "start": int(view.data_ptr()),
+            "storage": int(view.untyped_storage().data_ptr()),
+            "paged_planes": name in allocation.planar and allocation.planar[name].block_stride is not None,
+        }
+    return out

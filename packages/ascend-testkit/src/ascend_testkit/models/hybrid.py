@@ -29,9 +29,11 @@ from ascend_testkit.models.word_tokenizer import save_word_tokenizer
 class TinyHybridSpec:
     hidden_size: int = 128
     layer_types: tuple[str, ...] = ("linear_attention", "full_attention", "linear_attention", "full_attention")
-    num_heads: int = 2
-    num_kv_heads: int = 1
-    head_dim: int = 64
+    # Wide attention pages (2 KiB a token) so vLLM's hybrid page alignment gives blocks of tens of tokens, not
+    # hundreds: one page must hold a layer's whole GDN state (~131 KiB here, its recurrent state in float32).
+    num_heads: int = 4
+    num_kv_heads: int = 2
+    head_dim: int = 256
     linear_num_key_heads: int = 1
     linear_num_value_heads: int = 2
     linear_key_head_dim: int = 128

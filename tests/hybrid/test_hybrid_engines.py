@@ -1,0 +1,129 @@
+"""A gated delta-net hybrid (tiny dense Qwen3-Next: linear-attention layers interleaved with full attention) in the
+simulated-NPU lane on both model runners, against plain vLLM CPU on the same checkpoint.
+
+Ours: the GDN layers' conv and recurrent states and the full-attention KV are one allocation of our allocator under
+vLLM's hybrid cache groups (one page size across groups; the attention planes paged so they share bytes with the
+states, `ascend_core.kv.planes`), the full-attention layers run our attention backend, and the GDN core runs the
+kernel facade's conv / gated delta rule ops (`ascend_platform.models.qwen_gdn`). Prompts cross block edges, long
+ones are prefilled in chunks (a chunk resumes from the stored conv and recurrent state), and a repeated prompt hits
+the prefix cache (vLLM's "align" Mamba cache mode, which prefix caching turns on for hybrids).
+
+bf16 is what vLLM CPU's GDN layer takes, so the lanes are compared as vLLM's model tests compare them
+(`check_logprobs_close`: equal tokens, or at the first divergence each side's token in the other's top 5).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from ascend_testkit.compare import check_logprobs_close
+from ascend_testkit.models.hybrid import TinyHybridSpec, cached_tiny_qwen3_next
+from ascend_testkit.models.word_tokenizer import prompt_of_length
+
+pytestmark = [pytest.mark.engine]
+
+# max_num_batched_tokens 96: prompts longer than that are prefilled in chunks.
+ENGINE = {"dtype": "bfloat16", "max_model_len": 512, "enforce_eager": True, "max_num_seqs": 4,
+          "max_num_batched_tokens": 96}
+LENGTHS = (3, 41, 130, 290)
+MAX_TOKENS = 10
+LOGPROBS = 5
+RUNNERS = {"sim_v1_host": "SimulatedModelRunnerV1", "sim_host": "SimulatedModelRunnerV2"}
+
+
+@pytest.fixture(scope="module")
+def model_path(cache_root) -> str:
+    return str(cached_tiny_qwen3_next(cache_dir=cache_root / "models"))
+
+
+@pytest.fixture(scope="module")
+def prompts() -> list[str]:
+    return [prompt_of_length(n, offset=3 * n) for n in LENGTHS]
+
+
+def run(host, model: str, prompts: list[str], usage: bool = True) -> dict:
+    """Greedy outputs of `prompts` (one batch), then the longest prompt again (a prefix-cache hit), from a fresh
+    engine on `host`; in the simulated lane also the worker's usage deltas and its KV layout."""
+    host.start(model, **ENGINE)
+    try:
+        before = dict(host.usage()[0]["counts"]) if usage else {}
+        out = host.generate(prompts, max_tokens=MAX_TOKENS, logprobs=LOGPROBS, ignore_eos=True)["outputs"]
+        again = host.generate(prompts[-1:], max_tokens=MAX_TOKENS, logprobs=LOGPROBS, ignore_eos=True)["outputs"]
+        result = {"outputs": out, "again": again[0],
+                  "groups": host.rpc("ascend_testkit.kv_probes:kv_groups")[0]}
+        if usage:
+            after = host.usage()[0]
+            result["delta"] = {k: v - before.get(k, 0) for k, v in after["counts"].items() if v != before.get(k, 0)}
+            result["runner"] = after["facts"]["runner_class"]
+            result["layers"] = host.rpc("ascend_testkit.kv_probes:hybrid_kv")[0]
+    finally:
+        host.stop()
+    return result
+
+
+@pytest.fixture(scope="module")
+def reference(cpu_host, model_path, prompts) -> dict:
+    """Plain vLLM CPU (V1 runner, its own GDN and attention kernels)."""
+    return run(cpu_host, model_path, prompts, usage=False)
+
+
+@pytest.fixture(scope="module", params=list(RUNNERS))
+def ours(request, model_path, prompts) -> dict:
+    result = run(request.getfixturevalue(request.param), model_path, prompts)
+    result["expected_runner"] = RUNNERS[request.param]
+    return result
+
+
+def test_the_checkpoint_is_a_hybrid_whose_blocks_prompts_cross(reference):
+    groups = {g["spec"]: g for g in reference["groups"]}
+    assert set(groups) == {"FullAttentionSpec", "MambaSpec"}, reference["groups"]
+    spec = TinyHybridSpec()
+    assert len(groups["MambaSpec"]["layers"]) == spec.layer_types.count("linear_attention")
+    assert len(groups["FullAttentionSpec"]["layers"]) == spec.layer_types.count("full_attention")
+    # One page size across the groups (vLLM's hybrid alignment), and blocks the prompts cross.
+    pages = {size for g in reference["groups"] for size in g["layers"].values()}
+    assert len(pages) == 1, reference["groups"]
+    block = groups["FullAttentionSpec"]["block_size"]
+    assert max(LENGTHS) > 2 * block and any(n % block for n in LENGTHS), (block, LENGTHS)
+
+
+def test_outputs_match_plain_vllm_cpu(ours, reference):
+    assert ours["runner"].endswith(ours["expected_runner"]), ours["runner"]
+    assert ours["groups"] == reference["groups"]
+    check_logprobs_close(ours["outputs"], reference["outputs"], name_0="simulated NPU", name_1="vLLM CPU")
+
+
+def test_gdn_layers_ran_the_kernel_facade_and_attention_our_backend(ours):
+    delta = ours["delta"]
+    spec = TinyHybridSpec()
+    gdn_layers = spec.layer_types.count("linear_attention")
+    prompt_tokens = sum(len(o["prompt_token_ids"]) for o in ours["outputs"])
+    # Every prompt token of both requests batches through each GDN layer's prefill; the cache hit skips some.
+    assert delta.get("gdn.prefill_tokens", 0) >= gdn_layers * prompt_tokens, delta
+    assert delta.get("gdn.decode_tokens", 0) >= gdn_layers * (MAX_TOKENS - 1) * len(LENGTHS), delta
+    # Chunked prefill: later chunks of the long prompts resume from the state the earlier chunk stored.
+    assert delta.get("gdn.prefill_resumed", 0) > 0, delta
+    assert delta.get("attention.ascend.forward", 0) > 0 and delta.get("kernels.paged_attention", 0) > 0, delta
+    # vLLM hands blocks between the state and attention groups; new attention blocks were zeroed through our views.
+    assert delta.get("allocator.zeroed_blocks", 0) > 0, delta
+
+
+def test_states_and_attention_pages_share_one_allocation(ours):
+    layers = ours["layers"]
+    states = {n: v for n, v in layers.items() if v["kind"] == "MambaState"}
+    attention = {n: v for n, v in layers.items() if v["kind"] == "AttentionKV"}
+    assert len(states) == TinyHybridSpec().layer_types.count("linear_attention") and attention, layers
+    assert len({v["storage"] for v in layers.values()}) == 1, layers
+    # Each attention layer's planes are paged (its K and V inside each block's page, at the state layers' stride).
+    stride = {s for v in states.values() for s in v["block_strides"]}
+    for name, v in attention.items():
+        assert v["paged_planes"], (name, v)
+        assert set(v["block_strides"]) == stride, (name, v, stride)
+    assert {v["start"] for v in attention.values()} & {v["start"] for v in states.values()}, layers
+
+
+def test_a_repeated_prompt_hits_the_prefix_cache(ours, reference):
+    for result in (ours, reference):
+        assert result["again"]["num_cached_tokens"] > 0, result["again"]["num_cached_tokens"]
+    assert ours["again"]["token_ids"] == ours["outputs"][-1]["token_ids"]
+    check_logprobs_close([ours["again"]], [reference["again"]], name_0="simulated NPU", name_1="vLLM CPU")
