@@ -5,9 +5,10 @@ A vision tower packs every image's patches into one row range and attends within
 no causal mask and no KV cache: `cu_seqlens` are the sequences' start offsets, as vLLM's vision models build them.
 
 On an NPU it is `npu_fused_infer_attention_score` over TND q/k/v with the sequences' cumulative lengths and no mask
-(the kernel `attention_with_lse` already binds, with the log-sum-exp off). vllm-ascend's ViT path calls the ATB op
-`_npu_flash_attention_unpad` instead; the testkit's schema-faithful torch_npu gives that op no semantics yet, so it
-could not be held to torch_npu here, and FIA's TND form takes the same packed layout.
+(the kernel `attention_with_lse` already binds, with the log-sum-exp off), head dims padded to the ones it takes.
+vllm-ascend's ViT path calls the ATB op `_npu_flash_attention_unpad` instead; the testkit's schema-faithful torch_npu
+gives that op no semantics yet, so it could not be held to torch_npu here, and FIA's TND form takes the same packed
+layout.
 """
 
 from __future__ import annotations
@@ -43,8 +44,8 @@ def check_vision_attention(q, k, v, cu_seqlens, scale, out) -> None:
 @kernel_op(validate=check_vision_attention, reference=_ref.vision_attention,
            npu=NpuBinding(target="torch_npu.npu_fused_infer_attention_score", kind="torch_npu",
                           impl="ascend_kernels.npu_vision:vision_attention",
-                          note="TND q/k/v, the sequences' cumulative lengths as actual_seq_lengths(_kv), no mask "
-                               "(sparse_mode 0); empty sequences dropped"))
+                          note="TND q/k/v (bfloat16, head dims zero-padded to 128/192), the sequences' cumulative "
+                               "lengths as actual_seq_lengths(_kv), no mask; empty sequences dropped"))
 def vision_attention(q, k, v, cu_seqlens, *, scale: float, out=None, cu_seqlens_host: list[int] | None = None):
     """Non-causal attention within each packed sequence (a vision tower's images or windows), no KV cache.
 
