@@ -10,7 +10,16 @@ seconds; the cut lands once part of the prompt's KV has crossed (the link's byte
 single engine's tokens (the decode host recomputes what it could not pull) or a named error within Mooncake's TCP
 progress timeout, never hangs; the prefill host's held blocks are freed (its KV usage back to zero) within the abort
 timeout; once the link is up again requests are answered again, and once the decode engine's cool-down for the broken
-peer (`broken_peer_retry_s`) has passed their KV moves over the link again."""
+peer (`broken_peer_retry_s`) has passed their KV moves over the link again.
+
+Then a host's server killed (SIGKILL, the whole process group: no shutdown runs) with two requests mid-pull, one
+streamed, one not, the link slowed again so the kill lands while their KV crosses:
+- the decode server: each request ends, via the router, with a named error (502 naming the decode server, as an
+  answer or as the stream's error event) within seconds; the prefill host's held blocks are freed; the router's
+  /health says no decode server is healthy; a fresh decode server on that host serves again, its KV pulled;
+- the prefill server: each request ends with the single engine's tokens (recomputed on the decode host) or a named
+  error within Mooncake's TCP progress timeout; the decode host's blocks are freed; the router refuses new requests
+  with a named 503 at once; a fresh prefill server on that host serves again."""
 
 from __future__ import annotations
 
@@ -19,10 +28,12 @@ import threading
 import time
 
 import httpx
+import openai
 import pytest
 
 from ascend_testkit.hosts import tbf_burst_bytes
 from ascend_testkit.models.tiny_llama import prompt_of_length
+from ascend_testkit.servers import wait_for
 
 pytestmark = [pytest.mark.engine, pytest.mark.mooncake]
 
@@ -39,15 +50,10 @@ PAST_BURST = 32 << 10  # crossed beyond the burst: the pull is under way at the 
 LONG_PROMPT = 460
 DURING_STALL: dict[str, float] = {}  # what the cut test saw while the pull was stalled
 PROBES = 3  # cool-downs the decode engine gets to use the restored link again
+# A dead server's sockets are reset by its host's kernel: the router (and the surviving engine's transfer) hear of
+# the kill at once. The bound leaves room for a loaded 2-core machine.
+ROUTER_SEES_A_RESET_S = 10.0
 
-
-def kv_received_tokens(decode) -> float:
-    """Prompt tokens the decode server took from a remote prefill (vLLM's own counter)."""
-    total = 0.0
-    for line in decode.get("/metrics", timeout=30)[1].decode().splitlines():
-        if line.startswith("vllm:prompt_tokens_by_source_total") and 'source="external_kv_transfer"' in line:
-            total += float(line.rsplit(" ", 1)[1])
-    return total
 
 
 def test_prefill_advertises_its_own_hosts_address(serving):
@@ -66,7 +72,7 @@ def test_prefill_advertises_its_own_hosts_address(serving):
 
 def test_completions_across_hosts_equal_a_single_engines(serving):
     direct, routed = serving.client(serving.prefill), serving.client(serving.router)
-    before = kv_received_tokens(serving.decode)
+    before = serving.decode.kv_received_tokens()
     sent_before = serving.topo["prefill"].bytes_sent("decode")
     for n in LENGTHS:
         prompt = prompt_of_length(n, offset=5000 + n)
@@ -78,7 +84,7 @@ def test_completions_across_hosts_equal_a_single_engines(serving):
         assert raw.headers["x-router-prefill"] == serving.prefill.url
         assert raw.headers["x-router-decode"] == serving.decode.url
     # Every prompt token's KV reached the decode host over Mooncake (none recomputed there) ...
-    assert kv_received_tokens(serving.decode) - before == sum(LENGTHS)
+    assert serving.decode.kv_received_tokens() - before == sum(LENGTHS)
     # ... and went over the prefill-decode link: whole blocks of 128 tokens, pulled by the decode host.
     sent = serving.topo["prefill"].bytes_sent("decode") - sent_before
     assert sent >= sum(LENGTHS) * KV_BYTES_PER_TOKEN, sent
@@ -95,19 +101,6 @@ def test_streamed_chat_across_hosts_equals_a_single_engines(serving):
     assert json.dumps(text)  # a real string came back
 
 
-def _metric(server, name: str) -> float:
-    for line in server.get("/metrics", timeout=30)[1].decode().splitlines():
-        if line.startswith(name + "{") or line.startswith(name + " "):
-            return float(line.rsplit(" ", 1)[1])
-    raise AssertionError(f"{server.name} reports no {name}")
-
-
-def _wait(predicate, timeout: float, what: str) -> float:
-    t0 = time.monotonic()
-    while not predicate():
-        assert time.monotonic() - t0 < timeout, f"{what}: not within {timeout} s"
-        time.sleep(0.05)
-    return time.monotonic() - t0
 
 
 def test_link_cut_mid_transfer_ends_bounded_frees_blocks_and_recovers(serving):
@@ -117,9 +110,9 @@ def test_link_cut_mid_transfer_ends_bounded_frees_blocks_and_recovers(serving):
     single = serving.client(serving.prefill).completions.create(model="tiny", prompt=prompt, **GREEDY)
     expected = single.choices[0].text
     # The first test's transfer nobody claims is held until abort_timeout_s: on a quick run it is still held here.
-    _wait(lambda: _metric(serving.prefill, "vllm:kv_cache_usage_perc") == 0.0, bounds["abort_timeout_s"] + 10,
+    wait_for(lambda: serving.prefill.kv_usage() == 0.0, bounds["abort_timeout_s"] + 10,
           "prefill KV idle")
-    received_before = kv_received_tokens(serving.decode)
+    received_before = serving.decode.kv_received_tokens()
     wire_before = serving.topo["prefill"].bytes_sent("decode")
     kv_bytes = -(-LONG_PROMPT // 128) * 128 * KV_BYTES_PER_TOKEN
     mid_transfer = tbf_burst_bytes(SLOW_RATE) + PAST_BURST
@@ -142,7 +135,7 @@ def test_link_cut_mid_transfer_ends_bounded_frees_blocks_and_recovers(serving):
     try:
         with serving_thread(serving.topo["router"], send) as sender:
             # Mid-transfer: more of the KV crossed than the bucket's burst lets through at once, not all of it.
-            _wait(
+            wait_for(
                 lambda: serving.topo["prefill"].bytes_sent("decode") - wire_before > mid_transfer,
                 60,
                 "KV on the wire",
@@ -172,8 +165,8 @@ def test_link_cut_mid_transfer_ends_bounded_frees_blocks_and_recovers(serving):
             assert result["body"]["error"]["message"], result
             assert ended_after < read_timeout_s + 5, ended_after
         # The prefill host's held blocks are freed (the transfer expires unclaimed or unfinished).
-        freed_in = _wait(
-            lambda: _metric(serving.prefill, "vllm:kv_cache_usage_perc") == 0.0,
+        freed_in = wait_for(
+            lambda: serving.prefill.kv_usage() == 0.0,
             bounds["abort_timeout_s"] + 15,
             "prefill blocks freed",
         )
@@ -183,7 +176,7 @@ def test_link_cut_mid_transfer_ends_bounded_frees_blocks_and_recovers(serving):
         link.limit(None)
 
     # Serving resumes over the restored link: the single engine's answer through the router.
-    _wait(lambda: json.loads(serving.router.get("/health")[1] or b"{}").get("decode") == 1, 30, "router healthy")
+    wait_for(lambda: json.loads(serving.router.get("/health")[1] or b"{}").get("decode") == 1, 30, "router healthy")
     again = prompt_of_length(200, offset=9500)
     routed = serving.client(serving.router).completions.create(model="tiny", prompt=again, **GREEDY)
     direct = serving.client(serving.prefill).completions.create(model="tiny", prompt=again, **GREEDY)
@@ -208,13 +201,13 @@ def test_kv_moves_again_once_the_link_is_restored(serving):
     ended = DURING_STALL.get("request_ended_at", 0.0)
     for attempt in range(1, PROBES + 1):
         time.sleep(max(0.0, ended + retry_s + 0.5 - time.monotonic()))
-        received = kv_received_tokens(serving.decode)
+        received = serving.decode.kv_received_tokens()
         prompt = prompt_of_length(200, offset=9700 + 300 * attempt)
         routed = serving.client(serving.router).completions.create(model="tiny", prompt=prompt, **GREEDY)
         ended = time.monotonic()
         direct = serving.client(serving.prefill).completions.create(model="tiny", prompt=prompt, **GREEDY)
         assert routed.choices[0].text == direct.choices[0].text  # pulled or recomputed, the same answer
-        if kv_received_tokens(serving.decode) - received == 200:
+        if serving.decode.kv_received_tokens() - received == 200:
             print(f"KV moved again on probe {attempt}")
             return
     raise AssertionError(f"no KV moved over the restored link in {PROBES} probes, {retry_s} s apart")
@@ -238,3 +231,180 @@ class serving_thread:  # noqa: N801 - used as a context manager like a function
 
     def __exit__(self, *exc) -> None:
         self.thread.join(timeout=150)
+
+
+# A host killed: after the link tests above (the restarts put fresh servers in place of the killed ones).
+
+
+def _router_health(router) -> tuple[int, dict]:
+    status, body = router.get("/health", timeout=5)
+    return status, json.loads(body or b"{}")
+
+
+class InFlight:
+    """Requests sent to the router from threads on the router's host; each records how and when it ended."""
+
+    def __init__(self, serving, prompts: list[str], timeout_s: float):
+        from ascend_testkit.servers import inside
+
+        self.results: list[dict] = [{} for _ in prompts]
+        self.threads = []
+        for i, prompt in enumerate(prompts):
+            body = {"model": "tiny", "prompt": prompt, "max_tokens": MAX_TOKENS, "temperature": 0,
+                    "ignore_eos": True, "stream": i % 2 == 1}
+
+            def run(body=body, out=self.results[i]):
+                with inside(serving.topo["router"]), httpx.Client(timeout=timeout_s) as client:
+                    try:
+                        _send(client, serving.router.url + "/v1/completions", body, out)
+                    except httpx.HTTPError as exc:
+                        out.update(status=0, error=repr(exc))
+                out["ended_at"] = time.monotonic()
+
+            self.threads.append(threading.Thread(target=run, daemon=True))
+        for t in self.threads:
+            t.start()
+
+    def join(self, timeout: float) -> list[dict]:
+        deadline = time.monotonic() + timeout
+        for t in self.threads:
+            t.join(max(0.0, deadline - time.monotonic()))
+        hung = [i for i, t in enumerate(self.threads) if t.is_alive()]
+        assert not hung, f"requests {hung} hung past {timeout} s: {self.results}"
+        return self.results
+
+
+def _send(client: httpx.Client, url: str, body: dict, out: dict) -> None:
+    """A completion: `text` when it was answered whole, else `status` and the `error` message it ended with."""
+    if not body["stream"]:
+        resp = client.post(url, json=body)
+        data = resp.json()
+        out.update(status=resp.status_code)
+        if resp.status_code == 200:
+            out["text"] = data["choices"][0]["text"]
+        else:
+            out["error"] = data["error"]["message"]
+        return
+    text, done = [], False
+    with client.stream("POST", url, json=body) as resp:
+        out["status"] = resp.status_code
+        if resp.status_code != 200:
+            out["error"] = json.loads(resp.read())["error"]["message"]
+            return
+        for line in resp.iter_lines():
+            if not line.startswith("data: "):
+                continue
+            if line == "data: [DONE]":
+                done = True
+                break
+            event = json.loads(line[len("data: "):])
+            if "error" in event:
+                out["error"] = event["error"]["message"]
+                return
+            text.append(event["choices"][0]["text"])
+    if done:
+        out["text"] = "".join(text)
+    else:
+        out["error"] = "the stream ended without [DONE] or an error event"
+
+
+def _kill_mid_pull(serving, role: str, prompts: list[str]) -> tuple[list[dict], float]:
+    """Send `prompts` through the router with the prefill-decode link slowed, SIGKILL the `role` server once their
+    KV is crossing, return how each request ended and seconds after the kill."""
+    prefill_host = serving.topo["prefill"]
+    link = serving.topo.link("prefill", "decode")
+    wire_before = prefill_host.bytes_sent("decode")
+    link.limit(SLOW_RATE)
+    try:
+        sent = InFlight(serving, prompts, timeout_s=2 * serving.read_timeout_s)
+        wait_for(lambda: prefill_host.bytes_sent("decode") - wire_before > tbf_burst_bytes(SLOW_RATE) + PAST_BURST,
+              60, "KV on the wire")
+        assert not any("ended_at" in r for r in sent.results), f"a request ended before the kill: {sent.results}"
+        killed_at = time.monotonic()
+        getattr(serving, role).kill()
+        results = sent.join(2 * serving.read_timeout_s + 10)
+    finally:
+        link.limit(None)
+    for r in results:
+        r["after_kill_s"] = round(r["ended_at"] - killed_at, 2)
+    print(f"{role} killed: requests ended {[r['after_kill_s'] for r in results]} s after the kill: "
+          f"{[(r['status'], r.get('error', r.get('text'))) for r in results]}")
+    return results, killed_at
+
+
+def _serves_again(serving, offset: int) -> float:
+    """A request through the router equals the prefill server's own answer; returns the prompt tokens whose KV the
+    decode server pulled for it."""
+    wait_for(lambda: _router_health(serving.router)[0] == 200, 30, "router healthy again")
+    prompt = prompt_of_length(200, offset=offset)
+    received = serving.decode.kv_received_tokens()
+    routed = serving.client(serving.router).completions.create(model="tiny", prompt=prompt, **GREEDY)
+    direct = serving.client(serving.prefill).completions.create(model="tiny", prompt=prompt, **GREEDY)
+    assert routed.choices[0].text == direct.choices[0].text
+    return serving.decode.kv_received_tokens() - received
+
+
+def test_decode_host_killed_mid_pull(serving, restart_on):
+    bounds = serving.kv_bounds
+    prompts = [prompt_of_length(LONG_PROMPT, offset=11000 + 500 * i) for i in range(2)]
+    wait_for(lambda: serving.prefill.kv_usage() == 0.0, bounds["abort_timeout_s"] + 10, "prefill KV idle")
+    results, killed_at = _kill_mid_pull(serving, "decode", prompts)
+    for r in results:
+        # 502 naming the decode server (a stream's 200 headers may have gone out before the kill: then its error
+        # event); 503 naming it for a request whose prefill ended after the router took the server out.
+        assert r["status"] in (200, 502, 503) and "text" not in r, r
+        assert "decode" in r["error"] and serving.decode.url in r["error"], r
+        assert r["after_kill_s"] < ROUTER_SEES_A_RESET_S, r
+    freed_s = wait_for(lambda: serving.prefill.kv_usage() == 0.0, bounds["abort_timeout_s"] + 10,
+                       "prefill blocks freed")
+    print(f"prefill KV usage back to 0 {time.monotonic() - killed_at:.1f} s after the kill "
+          f"({freed_s:.1f} s after the requests ended)")
+
+    wait_for(lambda: _router_health(serving.router)[0] == 503, 10, "router reports the dead decode server")
+    status, body = _router_health(serving.router)
+    assert "no healthy decode server" in body["error"]["message"] and serving.decode.url in body["error"]["message"]
+    dead = serving.router.get_json("/status")["decode"][0]
+    assert dead["url"] == serving.decode.url and not dead["healthy"] and dead["last_error"], dead
+
+    t0 = time.monotonic()
+    restart_on("decode")
+    print(f"a fresh decode server was healthy {time.monotonic() - t0:.1f} s after its start")
+    assert _serves_again(serving, offset=12000) == 200  # its KV was pulled from the prefill host
+
+
+def test_prefill_host_killed_mid_pull(serving, restart_on):
+    bounds = serving.kv_bounds
+    prompts = [prompt_of_length(LONG_PROMPT, offset=13000 + 500 * i) for i in range(2)]
+    direct = serving.client(serving.prefill)
+    expected = [direct.completions.create(model="tiny", prompt=p, **GREEDY).choices[0].text for p in prompts]
+    for server in (serving.prefill, serving.decode):
+        wait_for(lambda s=server: s.kv_usage() == 0.0, bounds["abort_timeout_s"] + 10, f"{server.name} KV idle")
+    results, killed_at = _kill_mid_pull(serving, "prefill", prompts)
+    # A pull from a dead peer fails as its connection is reset; a stalled one at Mooncake's TCP progress timeout.
+    bound = serving.progress_timeout_s + 2 * bounds["handshake_timeout_s"] + 5
+    for r, text in zip(results, expected, strict=True):
+        if "text" in r:  # recomputed on the decode host: the single engine's tokens
+            assert r["text"] == text, r
+        else:
+            assert r["error"], r
+        assert r["after_kill_s"] < bound, r
+    freed_s = wait_for(lambda: serving.decode.kv_usage() == 0.0, bounds["abort_timeout_s"] + 10, "decode blocks freed")
+    print(f"decode KV usage back to 0 {time.monotonic() - killed_at:.1f} s after the kill "
+          f"({freed_s:.1f} s after the requests ended)")
+
+    wait_for(lambda: _router_health(serving.router)[0] == 503, 10, "router reports the dead prefill server")
+    message = _router_health(serving.router)[1]["error"]["message"]
+    assert "no healthy prefill server" in message and serving.prefill.url in message
+    # New requests are refused by name at once, not queued behind the dead server.
+    t0 = time.monotonic()
+    with pytest.raises(openai.APIStatusError) as raised:
+        serving.client(serving.router).completions.create(model="tiny", prompt=prompt_of_length(20, offset=13900),
+                                                          **GREEDY)
+    assert raised.value.status_code == 503 and "no healthy prefill server" in str(raised.value)
+    assert time.monotonic() - t0 < 5
+
+    t0 = time.monotonic()
+    restart_on("prefill")
+    print(f"a fresh prefill server was healthy {time.monotonic() - t0:.1f} s after its start")
+    pulled = _serves_again(serving, offset=14000)
+    print(f"the first request after the restart pulled {pulled} prompt tokens' KV")

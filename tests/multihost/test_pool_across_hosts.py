@@ -11,11 +11,10 @@ to B's: A writes them into B's segment or B reads them from A's).
 
 from __future__ import annotations
 
-import time
-
 import pytest
 
 from ascend_testkit.models.tiny_llama import prompt_of_length
+from ascend_testkit.servers import wait_for
 
 pytestmark = [pytest.mark.engine, pytest.mark.mooncake]
 
@@ -69,14 +68,6 @@ def _metrics(server) -> str:
     return body.decode()
 
 
-def _external_prompt_tokens(server) -> float:
-    """Prompt tokens the server took from its KV connector (vLLM's own counter)."""
-    total = 0.0
-    for line in _metrics(server).splitlines():
-        if line.startswith("vllm:prompt_tokens_by_source_total") and 'source="external_kv_transfer"' in line:
-            total += float(line.rsplit(" ", 1)[1])
-    return total
-
 
 def _counter(server, key: str) -> float:
     from ascend_testkit.host_pool import connector_counter
@@ -91,13 +82,6 @@ def _complete(server, prompt: str) -> str:
         return server.openai_client().completions.create(model="tiny", prompt=prompt, **GREEDY).choices[0].text
 
 
-def _wait(predicate, timeout: float, what: str) -> float:
-    t0 = time.monotonic()
-    while not predicate():
-        assert time.monotonic() - t0 < timeout, f"{what}: not within {timeout} s"
-        time.sleep(0.1)
-    return time.monotonic() - t0
-
 
 def test_engines_reach_the_master_on_its_own_host(pool_hosts):
     topo, master, a, b = pool_hosts
@@ -110,15 +94,15 @@ def test_prefix_saved_by_one_host_loads_on_another(pool_hosts):
     topo, _, a, b = pool_hosts
     prompt = prompt_of_length(PROMPT_TOKENS, offset=301)
     wire_before = topo["a"].bytes_sent("b")
-    loaded_before, external_before = _counter(b, "blocks_loaded"), _external_prompt_tokens(b)
+    loaded_before, external_before = _counter(b, "blocks_loaded"), b.kv_received_tokens()
     stored_before = _counter(a, "objects_stored")
 
     computed = _complete(a, prompt)  # A computes it from scratch and saves its full blocks to the pool
-    saved_in = _wait(lambda: _counter(a, "objects_stored") - stored_before >= FULL_BLOCKS, 30, "A's saves reported")
+    saved_in = wait_for(lambda: _counter(a, "objects_stored") - stored_before >= FULL_BLOCKS, 30, "A's saves reported")
     from_pool = _complete(b, prompt)
 
     assert from_pool == computed
-    assert _external_prompt_tokens(b) - external_before == FULL_BLOCKS * BLOCK
+    assert b.kv_received_tokens() - external_before == FULL_BLOCKS * BLOCK
     assert _counter(b, "blocks_loaded") - loaded_before == FULL_BLOCKS
     crossed = topo["a"].bytes_sent("b") - wire_before
     assert crossed >= FULL_BLOCKS * BLOCK * KV_BYTES_PER_TOKEN, crossed
@@ -129,8 +113,8 @@ def test_prefix_saved_by_the_second_host_loads_on_the_first(pool_hosts):
     """The other direction: B computes and saves, A loads."""
     _, _, a, b = pool_hosts
     prompt = prompt_of_length(2 * BLOCK + 10, offset=777)
-    external_before, stored_before = _external_prompt_tokens(a), _counter(b, "objects_stored")
+    external_before, stored_before = a.kv_received_tokens(), _counter(b, "objects_stored")
     computed = _complete(b, prompt)
-    _wait(lambda: _counter(b, "objects_stored") - stored_before >= 2, 30, "B's saves reported")
+    wait_for(lambda: _counter(b, "objects_stored") - stored_before >= 2, 30, "B's saves reported")
     assert _complete(a, prompt) == computed
-    assert _external_prompt_tokens(a) - external_before == 2 * BLOCK
+    assert a.kv_received_tokens() - external_before == 2 * BLOCK

@@ -107,6 +107,16 @@ def tiny_serve_args(*, max_model_len: int = 512, max_num_seqs: int = 16, served_
             "--chat-template", TINY_CHAT_TEMPLATE, "--seed", "0"]
 
 
+def wait_for(predicate, timeout: float, what: str, poll_s: float = 0.05) -> float:
+    """Poll `predicate` until it holds; the seconds that took. Past `timeout` an AssertionError naming `what`."""
+    t0 = time.monotonic()
+    while not predicate():
+        if time.monotonic() - t0 > timeout:
+            raise AssertionError(f"{what}: not within {timeout} s")
+        time.sleep(poll_s)
+    return time.monotonic() - t0
+
+
 def _die_with_parent() -> None:
     # The direct child (nsenter execs into python) gets SIGKILL if the test process dies without cleaning up.
     libc = ctypes.CDLL(None, use_errno=True)
@@ -160,6 +170,32 @@ class ServerProcess:
         if status != 200:
             raise ServerStartError(f"{self.name}: GET {path} answered {status}: {body[:300]!r}")
         return json.loads(body)
+
+    def metric(self, name: str) -> float:
+        """The sum of `name`'s samples on the server's Prometheus /metrics (vLLM's counters and gauges); a metric the
+        server does not report is an error naming it."""
+        status, body = self.get("/metrics", timeout=30)
+        if status != 200:
+            raise AssertionError(f"{self.name}: GET /metrics answered {status}")
+        values = [float(line.rsplit(" ", 1)[1]) for line in body.decode().splitlines()
+                  if line.startswith((name + "{", name + " "))]
+        if not values:
+            raise AssertionError(f"{self.name} reports no {name}")
+        return sum(values)
+
+    def kv_usage(self) -> float:
+        """vLLM's KV cache usage (0..1): 0 once every block is free again."""
+        return self.metric("vllm:kv_cache_usage_perc")
+
+    def kv_received_tokens(self) -> float:
+        """Prompt tokens whose KV this server took from its KV connector instead of computing them (vLLM's own
+        counter, by source)."""
+        status, body = self.get("/metrics", timeout=30)
+        if status != 200:
+            raise AssertionError(f"{self.name}: GET /metrics answered {status}")
+        return sum(float(line.rsplit(" ", 1)[1]) for line in body.decode().splitlines()
+                   if line.startswith("vllm:prompt_tokens_by_source_total")
+                   and 'source="external_kv_transfer"' in line)
 
     def wait_healthy(self, timeout: float = 600.0, path: str = "/health") -> ServerProcess:
         """Poll `path` until it answers 200; the process exiting or the bound passing is an error with the log."""
