@@ -63,15 +63,9 @@ class TpAcrossHosts:
 PROMPTS = [prompt_of_length(n, offset=300 + n) for n in LENGTHS]
 
 
-def _cpus() -> tuple[str, str]:
-    # A test-all shard has one core for everything it starts.
-    shard = os.environ.get("ASCEND_TESTKIT_CPUS")
-    return (shard, shard) if shard else ("0", "1")
-
-
 @pytest.fixture(scope="module")
 def tp_hosts(tmp_path_factory, tiny_model, host_pool):
-    from ascend_testkit.host_servers import start_tp_node_on
+    from ascend_testkit.host_servers import node_cpus, start_tp_node_on
     from ascend_testkit.hosts import Topology
     from ascend_testkit.netns import NetnsUnavailableError
 
@@ -81,7 +75,7 @@ def tp_hosts(tmp_path_factory, tiny_model, host_pool):
     except NetnsUnavailableError as e:
         pytest.fail(f"needs network namespaces (root, util-linux, iproute2): {e}")
     dev = {"VLLM_SERVER_DEV_MODE": "1"}  # its /collective_rpc asks both ranks what ran
-    cpu0, cpu1 = _cpus()
+    cpu0, cpu1 = node_cpus()
     started: list[ServerProcess] = []
     try:
         node = dict(master=topo["node0"], master_port=MASTER_PORT, nnodes=2, tensor_parallel_size=2, log_dir=logs,
@@ -97,7 +91,7 @@ def tp_hosts(tmp_path_factory, tiny_model, host_pool):
             outputs = single.generate(PROMPTS, max_tokens=MAX_TOKENS, logprobs=1, ignore_eos=True)["outputs"]
         finally:
             single.stop()
-        started[0].wait_healthy(timeout=400)  # only once node 1's worker joined the TP group
+        started[0].wait_healthy(timeout=600)  # only once node 1's worker joined the TP group
         assert started[1].alive, started[1].log_tail()
         print(f"TP=2 across hosts healthy after {started[0].ready_after_s:.0f} s")
         yield TpAcrossHosts(topo, started[0], started[1], outputs)

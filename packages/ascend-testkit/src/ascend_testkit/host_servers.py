@@ -2,9 +2,9 @@
 to that host's own address, as a user starts them on each machine of a multi-host deployment.
 
 The processes are `ascend_testkit.servers`' own `start_serve` / `start_router` servers; only the bind address, the
-namespace and the connector's `side_channel_host` differ from the one-namespace servers. `start_tp_node_on` starts
-one node of vLLM's own multi-node launch (tensor parallel across hosts), with the environment each node needs
-(`node_env`).
+namespace and the connector's `side_channel_host` differ from the one-namespace servers. `start_tp_node_on` and
+`start_dp_node_on` start one node of vLLM's own multi-node launches (tensor / data parallel across hosts), with the
+environment each node needs (`node_env`).
 """
 
 from __future__ import annotations
@@ -91,3 +91,39 @@ def start_tp_node_on(
     return start_serve_on(host, name, model, port, log_dir=log_dir, cpu=cpu,
                           args=[*(args if args is not None else tiny_serve_args()), *node_args],
                           env_extra={**node_env(host, peer), **(env_extra or {})})
+
+
+def start_dp_node_on(
+    host: Host,
+    name: str,
+    model: str | os.PathLike,
+    port: int,
+    *,
+    peer: str,
+    master: Host,
+    rpc_port: int,
+    start_rank: int,
+    data_parallel_size: int,
+    log_dir: str | os.PathLike,
+    cpu: int | str | None,
+    args: list[str] | None = None,
+    env_extra: dict[str, str] | None = None,
+) -> ServerProcess:
+    """One node of vLLM's multi-node data parallelism, one DP rank per node: `ascend-vllm serve MODEL
+    --data-parallel-size N --data-parallel-size-local 1 --data-parallel-address <master's address>
+    --data-parallel-rpc-port P [--data-parallel-start-rank R --headless]` on `host` (rank 0 serves the API and is
+    healthy once every rank's engine registered with it; the others are headless)."""
+    node_args = ["--data-parallel-size", str(data_parallel_size), "--data-parallel-size-local", "1",
+                 "--data-parallel-address", master.address, "--data-parallel-rpc-port", str(rpc_port)]
+    if start_rank > 0:
+        node_args += ["--data-parallel-start-rank", str(start_rank), "--headless"]
+    return start_serve_on(host, name, model, port, log_dir=log_dir, cpu=cpu,
+                          args=[*(args if args is not None else tiny_serve_args()), *node_args],
+                          env_extra={**node_env(host, peer), **(env_extra or {})})
+
+
+def node_cpus() -> tuple[str, str]:
+    """The cores of a two-node deployment's nodes: one each, or both on a test-all shard's own core
+    (`ASCEND_TESTKIT_CPUS`)."""
+    shard = os.environ.get("ASCEND_TESTKIT_CPUS")
+    return (shard, shard) if shard else ("0", "1")
