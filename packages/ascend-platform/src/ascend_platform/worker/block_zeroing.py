@@ -14,12 +14,16 @@ from typing import Any
 from ascend_platform import usage
 
 
-def full_attention_layers(kv_cache_config: Any) -> list[str]:
-    """The layers of the full-attention groups: the ones vLLM zeroes new blocks of."""
-    from vllm.v1.kv_cache_interface import FullAttentionSpec
+def zeroed_layers(kv_cache_config: Any) -> list[str]:
+    """The layers whose new blocks vLLM zeroes: every attention layer (its scheduler records new blocks of attention
+    groups only, circular buffers excepted), never a state layer."""
+    from vllm.v1 import kv_cache_interface as kvi
 
-    return [name for group in kv_cache_config.kv_cache_groups if isinstance(group.kv_cache_spec, FullAttentionSpec)
-            for name in group.layer_names]
+    from ascend_core.kv.placement import layer_specs
+
+    skip = tuple(c for c in (getattr(kvi, "CircularBufferSpec", None),) if c is not None)
+    return [name for name, (_, spec) in layer_specs(kv_cache_config.kv_cache_groups).items()
+            if isinstance(spec, kvi.AttentionSpec) and not isinstance(spec, skip)]
 
 
 class AscendBlockZeroer:
@@ -27,7 +31,7 @@ class AscendBlockZeroer:
 
     def __init__(self, runner: Any) -> None:
         self.runner = runner
-        self.layers = full_attention_layers(runner.kv_cache_config)
+        self.layers = zeroed_layers(runner.kv_cache_config)
 
     def zero_block_ids(self, block_ids: list[int]) -> None:
         allocation = self.runner.ascend_kv
