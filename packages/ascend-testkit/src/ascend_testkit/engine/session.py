@@ -44,6 +44,27 @@ def _outputs(request_outputs: Sequence[Any]) -> list[dict[str, Any]]:
     return rows
 
 
+def _multimodal(prompt: Any) -> Any:
+    """A prompt as `LLM.generate` takes it: a {prompt, multi_modal_data} dict's images may arrive as data: URIs
+    (JSON over the pipe carries no image) and become PIL images here."""
+    if not isinstance(prompt, Mapping) or "multi_modal_data" not in prompt:
+        return prompt
+    import base64
+    import io
+
+    from PIL import Image
+
+    def image(item: Any) -> Any:
+        if isinstance(item, str) and item.startswith("data:image/"):
+            return Image.open(io.BytesIO(base64.b64decode(item.partition("base64,")[2]))).convert("RGB")
+        return item
+
+    data = dict(prompt["multi_modal_data"])
+    if "image" in data:
+        data["image"] = [image(i) for i in data["image"]] if isinstance(data["image"], list) else image(data["image"])
+    return {**prompt, "multi_modal_data": data}
+
+
 def _resolve(path: str) -> Any:
     """'package.module:attr.attr' -> the object (probe functions shipped to workers by collective_rpc)."""
     module, _, attr = path.partition(":")
@@ -176,7 +197,7 @@ class EngineSession:
         llm = self._engine()
         if (prompts is None) == (prompt_token_ids is None):
             raise ValueError("give exactly one of prompts or prompt_token_ids")
-        inputs: list[Any] = (list(prompts) if prompts is not None
+        inputs: list[Any] = ([_multimodal(p) for p in prompts] if prompts is not None
                              else [{"prompt_token_ids": list(ids)} for ids in prompt_token_ids or []])
         params = self.sampling(sampling)
         adapters = self.lora_requests(lora, len(inputs))
