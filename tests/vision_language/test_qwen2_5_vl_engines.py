@@ -68,8 +68,19 @@ def prompts() -> list:
     ]
 
 
-def _host(host_pool, name: str, lane: str, runner: str | None, env: dict[str, str]):
-    return host_pool.get(name, lane=lane, runner=runner, env=env)
+@pytest.fixture(scope="module")
+def vl_host(host_pool, vl_env):
+    """`vl_host(name, lane, runner, env=None)`: this module's engine hosts (the shim in their environment), closed
+    when the module is done (four vLLM processes the rest of the session does not need)."""
+    names: set[str] = set()
+
+    def get(name: str, lane: str, runner: str | None, env: dict[str, str] | None = None):
+        names.add(name)
+        return host_pool.get(name, lane=lane, runner=runner, env=vl_env | (env or {}))
+
+    yield get
+    for name in names:
+        host_pool.hosts[name].close()
 
 
 def _generate(host, model: str, prompts: list, usage: bool, max_tokens: int = SAMPLING["max_tokens"]
@@ -90,9 +101,9 @@ def _generate(host, model: str, prompts: list, usage: bool, max_tokens: int = SA
 
 
 @pytest.fixture(scope="module")
-def reference(host_pool, vl_env, model, prompts) -> list[dict]:
+def reference(vl_host, model, prompts) -> list[dict]:
     """Plain vLLM CPU (V1, torch SDPA in the vision tower, its CPU attention in the text model)."""
-    outputs, _ = _generate(_host(host_pool, "vl-cpu", "cpu", "v1", vl_env), model, prompts, usage=False)
+    outputs, _ = _generate(vl_host("vl-cpu", "cpu", "v1"), model, prompts, usage=False)
     return outputs
 
 
@@ -104,8 +115,8 @@ def test_reference_reads_the_images(reference):
 
 
 @pytest.mark.parametrize("runner", list(RUNNERS), ids=["v1", "mrv2"])
-def test_images_through_our_vision_attention_equal_vllm_cpu(host_pool, vl_env, model, prompts, reference, runner):
-    host = _host(host_pool, f"vl-sim-{runner or 'default'}", "simulated", runner, vl_env)
+def test_images_through_our_vision_attention_equal_vllm_cpu(vl_host, model, prompts, reference, runner):
+    host = vl_host(f"vl-sim-{runner or 'default'}", "simulated", runner)
     ours, report = _generate(host, model, prompts, usage=True)
     assert [o["prompt_token_ids"] for o in ours] == [o["prompt_token_ids"] for o in reference]
     assert [o["token_ids"] for o in ours] == [o["token_ids"] for o in reference]
@@ -124,7 +135,7 @@ SERVE_PORT = 8395  # inside the session's loopback-only namespace
 SERVED_TOKENS = 6
 
 
-def test_image_url_chat_through_ascend_vllm_serve(tmp_path, netns, model, vl_env, host_pool):
+def test_image_url_chat_through_ascend_vllm_serve(tmp_path, netns, model, vl_env, vl_host):
     """`ascend-vllm serve` (simulated lane, its default runner: MRV2) answers an OpenAI chat request whose image is
     an `image_url` data: URI with plain vLLM CPU's greedy text for the same rendered prompt and image, and its
     worker says the vision tower's attention went through our op."""
@@ -156,7 +167,7 @@ def test_image_url_chat_through_ascend_vllm_serve(tmp_path, netns, model, vl_env
         server.close()
     # the chat template's rendering of that message, through plain vLLM CPU with the same image
     rendered = f"<|im_start|>user\n{IMAGE_PLACEHOLDER} w5 w6 <|im_end|>\n<|im_start|>assistant\n"
-    cpu = _host(host_pool, "vl-cpu", "cpu", "v1", vl_env)
+    cpu = vl_host("vl-cpu", "cpu", "v1")
     want, _ = _generate(cpu, model, [{"prompt": rendered, "multi_modal_data": {"image": uri}}], usage=False,
                         max_tokens=SERVED_TOKENS)
     assert reply.usage.prompt_tokens == len(want[0]["prompt_token_ids"])
@@ -172,12 +183,12 @@ NPU_ENGINE = ENGINE | {"dtype": "bfloat16", "block_size": 128}
 NPU_BACKENDS = {"npu": {"kernel_backend": "npu", "kernel_checks": True}, "auto": {"kernel_checks": True}}
 
 
-def test_npu_binding_serves_the_vision_tower_like_the_reference_kernels(host_pool, vl_env, model, prompts):
+def test_npu_binding_serves_the_vision_tower_like_the_reference_kernels(vl_host, model, prompts):
     """The same batch with `kernel_backend="npu"`: the vision blocks' attention is torch_npu's FIA in TND (head dim
     16 padded to 128) through the schema-faithful fake, nothing falls back, and the greedy tokens are the reference
     kernels' in the same lane and dtype (up to a bfloat16 near-tie: `check_logprobs_close`)."""
     # MRV2 (the lane's default): its logprobs are the facade's; V1's sampler compiles them with inductor (~1 min)
-    host = _host(host_pool, "vl-npu", "simulated", None, vl_env | {"ASCEND_TESTKIT_TORCH_NPU": "1"})
+    host = vl_host("vl-npu", "simulated", None, {"ASCEND_TESTKIT_TORCH_NPU": "1"})
     runs = {}
     for backend, config in NPU_BACKENDS.items():
         host.start(model, **NPU_ENGINE, additional_config=config)
