@@ -95,3 +95,28 @@ def test_npu_binding_runs_the_reference_for_float32_and_says_so(torch_npu):
     got = npu_vision.vision_attention(q, k, v, offsets, scale=0.25)
     torch.testing.assert_close(got, ref.vision_attention(q, k, v, offsets, scale=0.25))
     assert fake.calls() == {} and npu_usage.snapshot()["fallbacks"] == {"vision_attention": 1}
+
+
+@pytest.mark.parametrize("packed", [True, False], ids=["cu_seqlens", "batch_rows"])
+def test_ascend_mm_encoder_attention_equals_vllms_sdpa_path(packed):
+    """The out-of-tree layer against vLLM's own SDPA path of the same layer: Qwen's packed form (one batch row,
+    `cu_seqlens`, 4-D q/k/v) and the batched form (each of 2 rows one sequence, 3-D `[b, s, heads * dim]`)."""
+    from vllm.config import VllmConfig, set_current_vllm_config
+    from vllm.model_executor.layers.attention.mm_encoder_attention import MMEncoderAttention
+
+    from ascend_platform.attention.vision_attention import register_vision_attention
+
+    register_vision_attention()
+    with set_current_vllm_config(VllmConfig()):
+        layer = MMEncoderAttention(num_heads=4, head_size=16, scale=0.25, num_kv_heads=2)
+    assert type(layer).__name__ == "AscendMMEncoderAttention"
+    g = torch.Generator().manual_seed(3)
+    if packed:
+        q, k, v = (torch.randn(1, 38, h, 16, generator=g) for h in (4, 2, 2))
+        cu = torch.tensor(STARTS, dtype=torch.int32)
+    else:
+        q, k, v = (torch.randn(2, 9, h * 16, generator=g) for h in (4, 2, 2))
+        cu = None
+    with ascend_kernels.use_backend("reference"):
+        got = layer.forward_oot(q, k, v, cu_seqlens=cu)
+    torch.testing.assert_close(got, layer.forward_native(q, k, v, cu_seqlens=cu), **TOL)
