@@ -43,8 +43,9 @@ def prompts() -> list[str]:
 
 def run(host, model: str, prompts: list[str], usage: bool = True) -> dict:
     """Greedy outputs of `prompts` (one batch), then the longest prompt again (a prefix-cache hit), from a fresh
-    engine on `host`; in the simulated lane also the worker's usage deltas and its KV layout."""
-    host.start(model, **ENGINE)
+    engine on `host`; in the simulated lane also the worker's usage deltas and its KV layout (and every kernel call's
+    arguments checked against the facade's contracts)."""
+    host.start(model, **ENGINE, **({"additional_config": {"kernel_checks": True}} if usage else {}))
     try:
         before = dict(host.usage()[0]["counts"]) if usage else {}
         out = host.generate(prompts, max_tokens=MAX_TOKENS, logprobs=LOGPROBS, ignore_eos=True)["outputs"]
