@@ -47,7 +47,8 @@ class AscendMooncakeConnector(LoadResults, SplitRoleConnector):
         if role == KVConnectorRole.SCHEDULER:
             self._scheduler = self.scheduler_cls(engine_id=transfer.engine_id, role=role_name, options=options,
                                            ranks=engine_ranks(vllm_config),
-                                           block_size=vllm_config.cache_config.block_size)
+                                           block_size=vllm_config.cache_config.block_size,
+                                           state_groups=_has_state_groups(kv_cache_config))
         else:
             self._worker = self.worker_cls(engine_id=transfer.engine_id, role=role_name, options=options,
                                      ranks=worker_ranks(vllm_config),
@@ -62,6 +63,10 @@ class AscendMooncakeConnector(LoadResults, SplitRoleConnector):
     # ---- scheduler ----------------------------------------------------------------------------------------------
     def get_loaded_kv_cache_group_ids(self, request: Request) -> tuple[int, ...]:
         return self._kv_cache_config.transfer_group_ids
+
+    def on_new_request(self, request: Request) -> None:
+        assert self._scheduler is not None
+        self._scheduler.on_new_request(request)
 
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> StepMetadata:
         assert self._scheduler is not None
@@ -81,3 +86,10 @@ class AscendMooncakeConnector(LoadResults, SplitRoleConnector):
             return self._worker.stats() | {"pulled": {k: v.__dict__ for k, v in self._worker.pulled.items()}}
         assert self._scheduler is not None
         return {"loaded_tokens": dict(self._scheduler.loaded_tokens)}
+
+
+def _has_state_groups(kv_cache_config: KVCacheConfig) -> bool:
+    """A KV cache group of recurrent states (vLLM's `MambaSpec` family: GDN, Mamba), one state per request."""
+    from vllm.v1.kv_cache_interface import MambaSpec
+
+    return any(isinstance(g.kv_cache_spec, MambaSpec) for g in kv_cache_config.kv_cache_groups)

@@ -143,7 +143,10 @@ def planes_of(layer: str, tensor: torch.Tensor) -> tuple[tuple[str, torch.Tensor
     with _TABLE.lock:
         entry = _TABLE.layers.get(layer)
         if entry is None:
-            entry = next((e for e in _TABLE.layers.values() if e[0] == tensor.data_ptr()), None)
+            # A KV-sharing layer is bound its target's very tensor (same dtype); a hybrid's state layer overlaid
+            # on a planar layer's pages starts at the same address too, but as raw bytes of its own.
+            entry = next((e for e in _TABLE.layers.values()
+                          if e[0] == tensor.data_ptr() and e[1].dtype == tensor.dtype), None)
     if entry is None:
         return None
     address, geometry = entry

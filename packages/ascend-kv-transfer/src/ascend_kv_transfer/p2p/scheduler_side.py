@@ -59,7 +59,8 @@ def parse_address(params: dict[str, Any]) -> tuple[str, int] | None:
 
 
 class P2PScheduler:
-    def __init__(self, *, engine_id: str, role: str, options: MooncakeOptions, ranks: RankCoords, block_size: int):
+    def __init__(self, *, engine_id: str, role: str, options: MooncakeOptions, ranks: RankCoords, block_size: int,
+                 state_groups: bool = False):
         self.engine_id = engine_id
         self.is_producer = role in ("kv_producer", "kv_both")
         self.is_consumer = role in ("kv_consumer", "kv_both")
@@ -68,6 +69,10 @@ class P2PScheduler:
         self.tp_size = ranks.tp_size
         self.workers = ranks.tp_size * ranks.pp_size * ranks.pcp_size
         self.block_size = block_size
+        # A model with recurrent-state groups (GDN / Mamba): vLLM's decode recomputes a fully loaded prompt's last
+        # token, which would apply it to a state that already holds it. So the prefill stops one token short (its
+        # state is h(N-1)) and the decode loads N-1 tokens and computes the last itself, as upstream's Mooncake does.
+        self.state_groups = state_groups
         self._step = P2PStep()
         # request id -> external tokens scheduled for loading (the "did not recompute" evidence).
         self.loaded_tokens: dict[str, int] = {}
@@ -80,8 +85,24 @@ class P2PScheduler:
         if not self.is_consumer:
             raise ValueError(f"request {request.request_id} asks to load remote KV (do_remote_prefill) but this "
                              "engine's kv_role is not kv_consumer/kv_both")
-        count = len(request.prompt_token_ids or ()) - num_computed_tokens
+        prompt = len(request.prompt_token_ids or ())
+        count = (prompt - 1 if self.state_groups and prompt > 1 else prompt) - num_computed_tokens
         return (count, True) if count > 0 else (0, False)
+
+    # ---- prefill side -------------------------------------------------------------------------------------------
+    def on_new_request(self, request: Any) -> None:
+        """With state groups, a prefill for a remote decode computes all but the prompt's last token (see
+        `state_groups`); done once per request (a preempted request comes back with its params marked)."""
+        params = request.kv_transfer_params
+        if (not self.state_groups or not params or not params.get("do_remote_decode")
+                or params.get("_prompt_shortened") or request.num_prompt_tokens < 2
+                or request.prompt_token_ids is None or request.get_skip_reading_prefix_cache()):
+            return
+        request.prompt_token_ids.pop()
+        request._all_token_ids.pop()  # the request's token list vLLM schedules from; no public setter
+        request.num_prompt_tokens -= 1
+        request.max_tokens = 1
+        params["_prompt_shortened"] = True
 
     def update_state_after_alloc(self, request: Any, blocks: Any, num_external_tokens: int) -> None:
         params = request.kv_transfer_params
