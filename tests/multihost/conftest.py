@@ -38,17 +38,46 @@ class HostsServing:
         return server.openai_client(timeout)
 
 
-@pytest.fixture(scope="module")
-def topo():
+def _topology(names: list[str]):
     from ascend_testkit.hosts import Topology
     from ascend_testkit.netns import NetnsUnavailableError
 
     try:
-        t = Topology(["prefill", "decode", "router"])
+        return Topology(names)
     except NetnsUnavailableError as e:
         pytest.fail(f"needs network namespaces (root, util-linux, iproute2): {e}")
+
+
+@pytest.fixture(scope="module")
+def topo():
+    t = _topology(["prefill", "decode", "router"])
     yield t
     t.close()
+
+
+@pytest.fixture(scope="module")
+def node_topo():
+    """Two hosts, "node0" and "node1", for a multi-node launch across them."""
+    t = _topology(["node0", "node1"])
+    yield t
+    t.close()
+
+
+@pytest.fixture(scope="module")
+def lane_outputs(host_pool):
+    """`lane_outputs(model, engine, prompts, max_tokens)`: greedy outputs (with logprobs) of one engine of the
+    simulated lane on its shared host (`sim_host`): the single engine a multi-node deployment is held to."""
+
+    def run(model, engine: dict, prompts: list, max_tokens: int) -> list[dict]:
+        single = host_pool.get("sim", lane="simulated", runner=None)
+        single.start(model, wait=False, **engine)
+        single.started()
+        try:
+            return single.generate(prompts, max_tokens=max_tokens, logprobs=1, ignore_eos=True)["outputs"]
+        finally:
+            single.stop()
+
+    return run
 
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import signal
 import threading
 import urllib.request
 from dataclasses import dataclass
@@ -57,49 +56,27 @@ class DpAcrossHosts:
 
 
 @pytest.fixture(scope="module")
-def dp_hosts(tmp_path_factory, cache_root, host_pool):
-    from ascend_testkit.host_servers import node_cpus, start_dp_node_on
-    from ascend_testkit.hosts import Topology
+def dp_hosts(tmp_path_factory, cache_root, node_topo, lane_outputs):
+    from ascend_testkit.host_servers import node_cpus, start_dp_node_on, two_nodes
     from ascend_testkit.models.moe import TinyMoeSpec, cached_tiny_qwen3_moe
-    from ascend_testkit.netns import NetnsUnavailableError
     from ascend_testkit.servers import tiny_serve_args
 
     spec = TinyMoeSpec()
     model = cached_tiny_qwen3_moe(spec, cache_root / "models")
     logs = tmp_path_factory.mktemp("multihost-dp")
-    try:
-        topo = Topology(["node0", "node1"])
-    except NetnsUnavailableError as e:
-        pytest.fail(f"needs network namespaces (root, util-linux, iproute2): {e}")
-    cpu0, cpu1 = node_cpus()
-    started: list[ServerProcess] = []
-    try:
-        node = dict(master=topo["node0"], rpc_port=RPC_PORT, data_parallel_size=2, log_dir=logs,
-                    args=[*tiny_serve_args(max_model_len=ENGINE["max_model_len"]), "--enable-expert-parallel"],
-                    env_extra={"VLLM_SERVER_DEV_MODE": "1"})
-        started.append(start_dp_node_on(topo["node0"], "node0", model, API_PORT, peer="node1", start_rank=0,
-                                        cpu=cpu0, **node))
-        started.append(start_dp_node_on(topo["node1"], "node1", model, API_PORT, peer="node0", start_rank=1,
-                                        cpu=cpu1, **node))
-        single = host_pool.get("sim", lane="simulated", runner=None)  # the lane's shared host (`sim_host`)
-        single.start(model, wait=False, **ENGINE)
-        single.started()
-        try:
-            outputs = single.generate(PROMPTS, max_tokens=MAX_TOKENS, logprobs=1, ignore_eos=True)["outputs"]
-        finally:
-            single.stop()
-        started[0].wait_healthy(timeout=600)  # only once node 1's engine registered with it
-        assert started[1].alive, started[1].log_tail()
-        print(f"DP=2 across hosts healthy after {started[0].ready_after_s:.0f} s")
-        yield DpAcrossHosts(topo, started[0], started[1], outputs, spec.hidden_size, spec.num_layers)
-    finally:
-        for server in started:
-            server.signal(signal.SIGTERM)
-        for server in started:
-            server.close()
-        topo.close()
-    leftovers = [s.name for s in started if s.alive]
-    assert not leftovers, f"servers still running: {leftovers}"
+    cpus = node_cpus()
+    node = dict(master=node_topo["node0"], rpc_port=RPC_PORT, data_parallel_size=2, log_dir=logs,
+                args=[*tiny_serve_args(max_model_len=ENGINE["max_model_len"]), "--enable-expert-parallel"],
+                env_extra={"VLLM_SERVER_DEV_MODE": "1"})
+
+    def start(rank: int) -> ServerProcess:
+        return start_dp_node_on(node_topo[f"node{rank}"], f"node{rank}", model, API_PORT, peer=f"node{1 - rank}",
+                                start_rank=rank, cpu=cpus[rank], **node)
+
+    # node 0 is healthy only once node 1's engine registered with it
+    with two_nodes(start, lambda: lane_outputs(model, ENGINE, PROMPTS, MAX_TOKENS)) as (node0, node1, outputs):
+        print(f"DP=2 across hosts healthy after {node0.ready_after_s:.0f} s")
+        yield DpAcrossHosts(node_topo, node0, node1, outputs, spec.hidden_size, spec.num_layers)
 
 
 @pytest.fixture

@@ -21,7 +21,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import signal
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
@@ -64,45 +63,22 @@ PROMPTS = [prompt_of_length(n, offset=300 + n) for n in LENGTHS]
 
 
 @pytest.fixture(scope="module")
-def tp_hosts(tmp_path_factory, tiny_model, host_pool):
-    from ascend_testkit.host_servers import node_cpus, start_tp_node_on
-    from ascend_testkit.hosts import Topology
-    from ascend_testkit.netns import NetnsUnavailableError
+def tp_hosts(tmp_path_factory, tiny_model, node_topo, lane_outputs):
+    from ascend_testkit.host_servers import node_cpus, start_tp_node_on, two_nodes
 
     logs = tmp_path_factory.mktemp("multihost-tp")
-    try:
-        topo = Topology(["node0", "node1"])
-    except NetnsUnavailableError as e:
-        pytest.fail(f"needs network namespaces (root, util-linux, iproute2): {e}")
-    dev = {"VLLM_SERVER_DEV_MODE": "1"}  # its /collective_rpc asks both ranks what ran
-    cpu0, cpu1 = node_cpus()
-    started: list[ServerProcess] = []
-    try:
-        node = dict(master=topo["node0"], master_port=MASTER_PORT, nnodes=2, tensor_parallel_size=2, log_dir=logs,
-                    env_extra=dev)
-        started.append(start_tp_node_on(topo["node0"], "node0", tiny_model, API_PORT, peer="node1", node_rank=0,
-                                        cpu=cpu0, **node))
-        started.append(start_tp_node_on(topo["node1"], "node1", tiny_model, API_PORT, peer="node0", node_rank=1,
-                                        cpu=cpu1, **node))
-        single = host_pool.get("sim", lane="simulated", runner=None)  # the lane's shared host (`sim_host`)
-        single.start(tiny_model, wait=False, **ENGINE)
-        single.started()
-        try:
-            outputs = single.generate(PROMPTS, max_tokens=MAX_TOKENS, logprobs=1, ignore_eos=True)["outputs"]
-        finally:
-            single.stop()
-        started[0].wait_healthy(timeout=600)  # only once node 1's worker joined the TP group
-        assert started[1].alive, started[1].log_tail()
-        print(f"TP=2 across hosts healthy after {started[0].ready_after_s:.0f} s")
-        yield TpAcrossHosts(topo, started[0], started[1], outputs)
-    finally:
-        for server in started:
-            server.signal(signal.SIGTERM)
-        for server in started:
-            server.close()
-        topo.close()
-    leftovers = [s.name for s in started if s.alive]
-    assert not leftovers, f"servers still running: {leftovers}"
+    cpus = node_cpus()
+    node = dict(master=node_topo["node0"], master_port=MASTER_PORT, nnodes=2, tensor_parallel_size=2, log_dir=logs,
+                env_extra={"VLLM_SERVER_DEV_MODE": "1"})  # its /collective_rpc asks both ranks what ran
+
+    def start(rank: int) -> ServerProcess:
+        return start_tp_node_on(node_topo[f"node{rank}"], f"node{rank}", tiny_model, API_PORT,
+                                peer=f"node{1 - rank}", node_rank=rank, cpu=cpus[rank], **node)
+
+    # node 0 is healthy only once node 1's worker joined the TP group
+    with two_nodes(start, lambda: lane_outputs(tiny_model, ENGINE, PROMPTS, MAX_TOKENS)) as (node0, node1, outputs):
+        print(f"TP=2 across hosts healthy after {node0.ready_after_s:.0f} s")
+        yield TpAcrossHosts(node_topo, node0, node1, outputs)
 
 
 @pytest.fixture

@@ -9,7 +9,10 @@ environment each node needs (`node_env`).
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
+from collections.abc import Callable, Iterator
 
 from ascend_testkit.hosts import Host
 from ascend_testkit.servers import ServerProcess, p2p_kv_config, start_router, start_serve, tiny_serve_args
@@ -88,9 +91,8 @@ def start_tp_node_on(
                  str(node_rank), "--master-addr", master.address, "--master-port", str(master_port)]
     if node_rank > 0:
         node_args.append("--headless")
-    return start_serve_on(host, name, model, port, log_dir=log_dir, cpu=cpu,
-                          args=[*(args if args is not None else tiny_serve_args()), *node_args],
-                          env_extra={**node_env(host, peer), **(env_extra or {})})
+    return _start_node_on(host, name, model, port, node_args, peer=peer, log_dir=log_dir, cpu=cpu, args=args,
+                          env_extra=env_extra)
 
 
 def start_dp_node_on(
@@ -117,9 +119,39 @@ def start_dp_node_on(
                  "--data-parallel-address", master.address, "--data-parallel-rpc-port", str(rpc_port)]
     if start_rank > 0:
         node_args += ["--data-parallel-start-rank", str(start_rank), "--headless"]
+    return _start_node_on(host, name, model, port, node_args, peer=peer, log_dir=log_dir, cpu=cpu, args=args,
+                          env_extra=env_extra)
+
+
+def _start_node_on(host: Host, name: str, model: str | os.PathLike, port: int, node_args: list[str], *, peer: str,
+                   log_dir: str | os.PathLike, cpu: int | str | None, args: list[str] | None,
+                   env_extra: dict[str, str] | None) -> ServerProcess:
     return start_serve_on(host, name, model, port, log_dir=log_dir, cpu=cpu,
                           args=[*(args if args is not None else tiny_serve_args()), *node_args],
                           env_extra={**node_env(host, peer), **(env_extra or {})})
+
+
+@contextlib.contextmanager
+def two_nodes(start_node: Callable[[int], ServerProcess], reference: Callable[[], object]
+              ) -> Iterator[tuple[ServerProcess, ServerProcess, object]]:
+    """Node 0 and node 1 of a multi-node launch (`start_node(rank)`), with `reference()` (the single engine's answers)
+    run while they come up; yields (node 0, node 1, those answers) once node 0 is healthy, which it is only when node
+    1 joined. On exit both are stopped (SIGTERM, then closed), and one that outlives that is an error."""
+    started: list[ServerProcess] = []
+    try:
+        for rank in (0, 1):
+            started.append(start_node(rank))
+        expected = reference()
+        started[0].wait_healthy(timeout=600)
+        assert started[1].alive, started[1].log_tail()
+        yield started[0], started[1], expected
+    finally:
+        for server in started:
+            server.signal(signal.SIGTERM)
+        for server in started:
+            server.close()
+    leftovers = [s.name for s in started if s.alive]
+    assert not leftovers, f"servers still running: {leftovers}"
 
 
 def node_cpus() -> tuple[str, str]:
