@@ -25,7 +25,7 @@ from pathlib import Path
 
 from ascend_testkit.engine.env import vllm_cache_root
 from ascend_testkit.netns import LoopbackNamespace
-from ascend_testkit.reach.collect import reach_env
+from ascend_testkit.reach.collect import reach_env, with_reach
 
 _CLONE_NEWNET = 0x40000000
 _PR_SET_PDEATHSIG = 1
@@ -88,9 +88,7 @@ def serve_env(cache_root: str | os.PathLike, cpu: int | None, *, simulate: bool 
         env.pop("ASCEND_VLLM_SIMULATE", None)
     if cpu is not None:
         env["VLLM_CPU_OMP_THREADS_BIND"] = str(cpu)
-    env.update(reach_env())
-    env.update(extra or {})
-    return env
+    return with_reach(env, extra)
 
 
 def p2p_kv_config(role: str, side_channel_port: int, engine_id: str, **extra) -> dict:

@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from ascend_testkit.models.checkpoint_cache import default_cache_root
-from ascend_testkit.reach.collect import reach_env
+from ascend_testkit.reach.collect import with_reach
 
 LANES = ("simulated", "cpu")
 # Set by vLLM or by us for every engine host; a caller's `extra` wins.
@@ -87,6 +87,4 @@ def engine_env(lane: str, cache_root: str | os.PathLike, *, cpus: str | int | No
         cpus = env.get(DEFAULT_CPUS_ENV) or None
     if cpus is not None:
         env["VLLM_CPU_OMP_THREADS_BIND"] = str(cpus)
-    env.update(reach_env())
-    env.update(extra or {})
-    return env
+    return with_reach(env, extra)

@@ -226,12 +226,8 @@ def image_only_env(folder: str | os.PathLike, base: dict[str, str] | None = None
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "sitecustomize.py").write_text(SITECUSTOMIZE)
-    from ascend_testkit.reach.collect import reach_env
-
     current = (base if base is not None else os.environ).get("PYTHONPATH", "")
-    # The reach folder stays on the path: coverage finds its plug-in there at interpreter start-up (reach.collect).
-    parts = [str(folder), *reach_env().get("PYTHONPATH", "").split(os.pathsep), *current.split(os.pathsep)]
-    return {"PYTHONPATH": os.pathsep.join(dict.fromkeys(p for p in parts if p))}
+    return {"PYTHONPATH": os.pathsep.join(p for p in (str(folder), current) if p)}
 
 
 def image_data_uri(image) -> str:

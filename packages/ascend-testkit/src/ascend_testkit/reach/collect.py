@@ -54,3 +54,15 @@ def reach_env() -> dict[str, str]:
     config = rcfile(folder)
     path = os.pathsep.join(p for p in (str(config.parent), os.environ.get("PYTHONPATH", "")) if p)
     return {"COVERAGE_PROCESS_START": str(config), "PYTHONPATH": path}
+
+
+def with_reach(env: dict[str, str], extra: dict[str, str] | None) -> dict[str, str]:
+    """`env` with the reach entries, then `extra`, on top; an `extra` PYTHONPATH is put before the reach folder's
+    instead of replacing it (coverage finds its plug-in there at interpreter start-up)."""
+    reach = reach_env()
+    env.update(reach)
+    env.update(extra or {})
+    if reach and extra and "PYTHONPATH" in extra:
+        parts = [*extra["PYTHONPATH"].split(os.pathsep), *reach["PYTHONPATH"].split(os.pathsep)]
+        env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(p for p in parts if p))
+    return env
