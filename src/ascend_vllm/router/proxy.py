@@ -29,6 +29,7 @@ from ascend_vllm.router.pool import Lease, ServerPool
 logger = logging.getLogger(__name__)
 
 _JSON = "application/json"
+_LAST_EVENT = b"data: [DONE]"  # how vLLM's OpenAI server ends a stream
 RELEASE_THREADS = 4
 
 
@@ -211,8 +212,10 @@ class DisaggregatedProxy:
         the decode server aborts the request."""
         url = lease.upstream.url
         ok = False
+        tail = b""  # the stream's last bytes relayed: whether its final event went out
         try:
             async for chunk in resp.content.iter_any():
+                tail = (tail + chunk)[-len(_LAST_EVENT) - 8:]
                 yield chunk
             ok = True
         except asyncio.TimeoutError:
@@ -227,4 +230,6 @@ class DisaggregatedProxy:
                 resp.release()
             else:
                 resp.close()
-            lease.release(ok=ok)
+            # A client may close as soon as it read the final event, before the upstream body's end reached us
+            # (the generator is then closed at its `yield`): the whole answer went out, so the lease ended well.
+            lease.release(ok=ok or tail.rstrip().endswith(_LAST_EVENT))

@@ -4,8 +4,9 @@ the stack the router uses (Starlette on uvicorn), that answer like vLLM's OpenAI
 A fake answers a request carrying `kv_transfer_params.do_remote_decode` as a prefill (one token, params back) and
 any other as a decode whose text names the fake, the prompt and the transfer id it was given, so a test can tell
 which server did what. Knobs per fake: `health` (status of /health), `mode` (ok | error500 | bad_request | hang |
-die_mid_stream | no_params), `gate` (a streamed answer waits there after its first chunk), `side_channel` (the
-address a prefill's params name for releasing its held KV), `prefill_delay_s` (a prefill answers after it).
+die_mid_stream | no_params), `gate` (a streamed answer waits there after its first chunk), `linger` (a stream's
+body stays open there after its last event), `side_channel` (the address a prefill's params name for releasing its
+held KV), `prefill_delay_s` (a prefill answers after it).
 `run(scenario)` runs a coroutine with every fake and router it starts in one event loop, and stops them all, bounded.
 """
 
@@ -36,6 +37,7 @@ class FakeUpstream:
         self.health = 200
         self.mode = "ok"
         self.gate: asyncio.Event | None = None
+        self.linger: asyncio.Event | None = None  # a stream's body ends only once set, after its [DONE] event
         self.chunks = 3
         self.side_channel: tuple[str, int] | None = None  # where a prefill's params say its held KV can be released
         self.prefill_delay_s = 0.0
@@ -94,6 +96,8 @@ class FakeUpstream:
             if i == 0 and self.mode == "die_mid_stream":
                 raise RuntimeError("fake decode server dies mid-stream")
         yield b"data: [DONE]\n\n"
+        if self.linger is not None:
+            await self.linger.wait()
 
     @staticmethod
     def _choice(chat: bool, text: str, finish: str) -> dict:

@@ -366,6 +366,29 @@ def test_client_leaving_mid_stream_frees_everything(run):
     run(scenario)
 
 
+def test_client_closing_after_the_last_event_is_a_completed_request(run):
+    """A client may close as soon as it read `data: [DONE]`, before the decode server's body ends: it got the whole
+    answer, so neither the request nor the decode server counts a failure (and the prefill's KV is not released as
+    for a failed stream)."""
+    async def scenario(stack):
+        p, d = await stack.fake("P"), await stack.fake("D")
+        d.linger = asyncio.Event()
+        router = await stack.router([p.url], [d.url])
+        before = await _status(stack, router)
+        resp = await stack.session.post(router + "/v1/completions",
+                                        json={"model": "fake", "prompt": "a", "stream": True})
+        await resp.content.readuntil(b"data: [DONE]\n\n")
+        resp.close()
+        await stack.wait_until(lambda: _idle(stack, router), what="slot and lease released")
+        d.linger.set()
+        after = await _status(stack, router)
+        assert after["completed"] - before["completed"] == 1 and after["failed"] == before["failed"], after
+        decode = _server(after, d.url)
+        assert decode["ok"] - _server(before, d.url)["ok"] == 1 and decode["failed"] == 0, decode
+
+    run(scenario)
+
+
 def test_client_errors_pass_through_and_n_is_refused(run):
     async def scenario(stack):
         p, d = await stack.fake("P"), await stack.fake("D")
