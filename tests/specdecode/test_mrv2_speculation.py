@@ -99,7 +99,10 @@ def test_dflash2_runs_as_dflash2_not_dflash1(run_mrv2, mrv2_models):
     assert usage["speculator"] == SPECULATORS["dflash2"], usage
     assert usage["draft_model"] == "ascend_specdecode.models.dflash2.AscendDFlash2Qwen3ForCausalLM", usage
     assert usage["draft_layers"] == ["ascend_specdecode.models.dflash2.AscendDFlash2Qwen3DecoderLayer"], usage
-    assert usage["speculator_counts"].get("candidate_walks", 0) > 0, usage
+    counts = usage["speculator_counts"]
+    assert counts.get("candidate_walks", 0) > 0, usage
+    # Greedy drafts score only the edge rows their walk reads (`speculators.candidate_walk`), not all top_k**2.
+    assert counts.get("walked_rows_only") == counts["candidate_walks"] and not counts.get("full_edge_walks"), usage
     head = load_file(f"{mrv2_models['dflash2-self']['spec']['model']}/model.safetensors")["lm_head.weight"]
     assert not head.any(), "the DFlash2 self-draft must carry an all-zero lm_head"
     zeros = sum(t.count(0) for t in result["token_ids"]) / sum(len(t) for t in result["token_ids"])
