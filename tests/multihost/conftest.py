@@ -5,18 +5,26 @@ only over its links)."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import pytest
 
+from ascend_testkit.hosts import tbf_queue_delay_s
 from ascend_testkit.servers import ServerProcess
 
 ROUTER_PORT = 8000
 PREFILL_PORT = 8100
 DECODE_PORT = 8200
 SIDE_CHANNEL_PORTS = {"prefill": 30300, "decode": 30400}
-# The connector's bounds: a transfer nobody claims (or finishes) is released after ABORT_TIMEOUT_S.
-KV_BOUNDS = {"abort_timeout_s": 10.0, "handshake_timeout_s": 2.0, "claim_wait_s": 3.0}
+# The slowest rate the fault tests limit the prefill-decode link to (test_pd_across_hosts.SLOW_RATE). Its queue holds
+# ~8 s of KV bytes, and a side-channel reply (a second request's claim answer) waits behind them: with a 2 s handshake
+# bound that claim timed out and its request was recomputed before the test's kill landed.
+SLOWEST_LINK_RATE = "250kbit"
+# The connector's bounds: a transfer nobody claims (or finishes) is released after abort_timeout_s; a side-channel
+# message outlasts the slowest link's queueing delay.
+KV_BOUNDS = {"abort_timeout_s": 10.0, "handshake_timeout_s": math.ceil(tbf_queue_delay_s(SLOWEST_LINK_RATE)) + 2.0,
+             "claim_wait_s": 3.0}
 # Mooncake's TCP transport drops a connection that made no progress for this long (default 30 s): what bounds a pull
 # stalled on a cut link, since the stalled read is inside Mooncake.
 MOONCAKE_ENV = {"MC_TCP_PROGRESS_TIMEOUT_SEC": "8"}

@@ -31,7 +31,7 @@ import httpx
 import openai
 import pytest
 
-from ascend_testkit.hosts import tbf_burst_bytes
+from ascend_testkit.hosts import tbf_burst_bytes, tbf_queue_delay_s
 from ascend_testkit.models.tiny_llama import prompt_of_length
 from ascend_testkit.servers import wait_for
 
@@ -131,7 +131,7 @@ def test_link_cut_mid_transfer_ends_bounded_frees_blocks_and_recovers(serving):
             result.update(status=0, body={"error": {"message": repr(exc)}})
         result["seconds"] = time.monotonic() - t0
 
-    link.limit(SLOW_RATE)
+    _limit_slowly(serving, link)
     try:
         with serving_thread(serving.topo["router"], send) as sender:
             # Mid-transfer: more of the KV crossed than the bucket's burst lets through at once, not all of it.
@@ -308,13 +308,21 @@ def _send(client: httpx.Client, url: str, body: dict, out: dict) -> None:
         out["error"] = "the stream ended without [DONE] or an error event"
 
 
+def _limit_slowly(serving, link) -> None:
+    """Limit `link` to SLOW_RATE, whose queue the servers' side-channel bound must outlast (conftest.KV_BOUNDS)."""
+    queued_s = tbf_queue_delay_s(SLOW_RATE)
+    assert serving.kv_bounds["handshake_timeout_s"] > queued_s, (
+        f"a side-channel reply may wait {queued_s:.1f} s behind KV bytes at {SLOW_RATE}: raise the handshake bound")
+    link.limit(SLOW_RATE)
+
+
 def _kill_mid_pull(serving, role: str, prompts: list[str]) -> tuple[list[dict], float]:
     """Send `prompts` through the router with the prefill-decode link slowed, SIGKILL the `role` server once their
     KV is crossing, return how each request ended and seconds after the kill."""
     prefill_host = serving.topo["prefill"]
     link = serving.topo.link("prefill", "decode")
     wire_before = prefill_host.bytes_sent("decode")
-    link.limit(SLOW_RATE)
+    _limit_slowly(serving, link)
     try:
         sent = InFlight(serving, prompts, timeout_s=2 * serving.read_timeout_s)
         wait_for(lambda: prefill_host.bytes_sent("decode") - wire_before > tbf_burst_bytes(SLOW_RATE) + PAST_BURST,

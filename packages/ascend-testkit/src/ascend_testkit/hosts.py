@@ -22,6 +22,7 @@ from ascend_testkit.netns import LoopbackNamespace, NetnsUnavailableError
 DEFAULT_SUBNET = "10.211.0."
 # tbf refuses a bucket smaller than one (GSO-sized) packet and cannot keep its rate with a bucket under rate/HZ.
 _MIN_BURST_BYTES = 256 << 10
+_TBF_LATENCY_S = 0.1  # how long a packet may wait for tokens past the burst (tc's `latency`)
 
 
 class TopologyError(RuntimeError):
@@ -116,7 +117,7 @@ class Link:
                     "burst",
                     str(burst),
                     "latency",
-                    "100ms",
+                    f"{int(_TBF_LATENCY_S * 1000)}ms",
                 ]
             )
         self.rate = rate
@@ -129,6 +130,13 @@ def tbf_burst_bytes(rate: str) -> int:
     """The bucket `Link.limit` gives a rate: what crosses at once before the rate holds (10 ms of traffic, or the
     smallest bucket tbf keeps its rate with)."""
     return max(_MIN_BURST_BYTES, rate_bits_per_s(rate) // 8 // 100)
+
+
+def tbf_queue_delay_s(rate: str) -> float:
+    """The longest a packet waits in `Link.limit`'s queue at `rate`: tbf queues up to burst + rate x latency bytes,
+    and every packet on the link (a side-channel reply too) waits behind what bulk traffic queued before it."""
+    bytes_per_s = rate_bits_per_s(rate) / 8
+    return (tbf_burst_bytes(rate) + bytes_per_s * _TBF_LATENCY_S) / bytes_per_s
 
 
 def rate_bits_per_s(rate: str) -> int:
