@@ -70,6 +70,22 @@ def test_rotary_embedding_empty_and_keyless():
     )
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("with_residual", [False, True])
+def test_rms_norm_leaves_inputs_alone(dtype, with_residual):
+    """The reference scales in place where it holds a float32 copy: never the caller's x, residual or weight."""
+    x, weight = torch.randn(3, 32).to(dtype), torch.randn(32).to(dtype)
+    residual = torch.randn(3, 32).to(dtype) if with_residual else None
+    inputs = [t for t in (x, weight, residual) if t is not None]
+    before = [t.clone() for t in inputs]
+    result = ops.rms_norm(x, weight, 1e-6, residual)
+    outputs = result if with_residual else (result,)
+    for original, kept in zip(inputs, before, strict=True):
+        assert torch.equal(original, kept)
+    for out in outputs:  # fresh tensors, not views of an input a later in-place op would reach
+        assert all(out.untyped_storage().data_ptr() != t.untyped_storage().data_ptr() for t in inputs)
+
+
 @DTYPES
 @pytest.mark.parametrize("with_residual", [False, True])
 @pytest.mark.parametrize("tokens", [0, 1, 7])
