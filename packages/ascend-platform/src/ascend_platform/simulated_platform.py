@@ -31,7 +31,10 @@ class SimulatedNPUPlatform(AscendPlatformBase, CpuPlatform):
     device_type: str = "cpu"
     dispatch_key: str = "CPU"
     dist_backend: str = "gloo"
-    ray_device_key: str = ""
+    # The NPU's Ray resource, as on a device: a Ray cluster of simulated hosts advertises `NPU` (`ray start
+    # --resources '{"NPU": 1}'`) and vLLM's Ray executor places one worker per NPU bundle (vLLM's CPU key is empty,
+    # which refuses Ray).
+    ray_device_key: str = "NPU"
     device_control_env_var: str = CpuPlatform.device_control_env_var
     simulated = True
 

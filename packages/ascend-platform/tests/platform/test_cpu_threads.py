@@ -19,3 +19,16 @@ def test_explicit_lists_and_nobind():
     assert worker_cpus(0, 1, "nobind") is None
     with pytest.raises(ValueError, match="names 1 CPU lists for 2 local ranks"):
         worker_cpus(0, 2, "0-3")
+
+
+def test_a_ray_placement_counts_the_ranks_of_this_node():
+    from vllm.config import ParallelConfig
+
+    from ascend_platform.worker.cpu_threads import ranks_on_this_node
+
+    # TP=2 with one rank on each of two hosts: vLLM's local_world_size still says 2 (nnodes stays 1 under Ray).
+    ray = ParallelConfig(tensor_parallel_size=2, distributed_executor_backend="ray")
+    ray.assigned_physical_gpu_ids = [0]
+    assert ray.local_world_size == 2 and ranks_on_this_node(ray) == 1
+    mp = ParallelConfig(tensor_parallel_size=2, distributed_executor_backend="mp")
+    assert ranks_on_this_node(mp) == 2

@@ -29,7 +29,7 @@ def _lane(simulate: bool) -> list:
 @pytest.mark.parametrize(("simulate", "expected"), [
     (False, ["AscendNPUPlatform", "npu", "npu", "PrivateUse1", "NPU", "ASCEND_RT_VISIBLE_DEVICES", "hccl", True,
              False]),
-    (True, ["SimulatedNPUPlatform", "cpu", "cpu", "CPU", "", "CPU_VISIBLE_MEMORY_NODES", "gloo", True, False]),
+    (True, ["SimulatedNPUPlatform", "cpu", "cpu", "CPU", "NPU", "CPU_VISIBLE_MEMORY_NODES", "gloo", True, False]),
 ])
 def test_lane_binding(simulate, expected):
     assert _lane(simulate) == expected

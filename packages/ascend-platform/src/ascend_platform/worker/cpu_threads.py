@@ -44,6 +44,16 @@ def worker_cpus(local_rank: int, local_world_size: int, spec: str | None = None,
     return chosen or usable[-1:]
 
 
+def ranks_on_this_node(parallel_config) -> int:
+    """How many ranks this worker's node runs. vLLM's `local_world_size` splits the world evenly over `nnodes`, which
+    only its mp multi-node launch sets; a Ray placement leaves `nnodes` at 1 however many hosts its bundles span, and
+    Ray's executors record instead the devices this node's ranks hold (`assigned_physical_gpu_ids`, set per node)."""
+    on_node = getattr(parallel_config, "assigned_physical_gpu_ids", None)
+    if parallel_config.distributed_executor_backend == "ray" and on_node:
+        return len(on_node)
+    return parallel_config.local_world_size
+
+
 def bind_worker_threads(local_rank: int, local_world_size: int) -> list[int] | None:
     """Pin this worker's threads to its CPUs and size torch's OpenMP pool to them (before the skip-patch
     `CPUWorker` puts on `torch.set_num_threads`)."""

@@ -19,7 +19,7 @@ from vllm.v1.worker.gpu_worker import init_worker_distributed_environment
 from ascend_platform import usage
 from ascend_platform.patches import REGISTRY
 from ascend_platform.worker.base import AscendWorkerMixin
-from ascend_platform.worker.cpu_threads import bind_worker_threads
+from ascend_platform.worker.cpu_threads import bind_worker_threads, ranks_on_this_node
 
 logger = init_logger(__name__)
 
@@ -41,7 +41,7 @@ class SimulatedAscendWorker(AscendWorkerMixin, CPUWorker):
         from ascend_platform.platform import NPUPlatform
 
         self.device = torch.device("cpu")
-        cpus = bind_worker_threads(self.local_rank, self.parallel_config.local_world_size)
+        cpus = bind_worker_threads(self.local_rank, ranks_on_this_node(self.parallel_config))
         usage.note("worker_cpus", cpus)
 
         def skip_set_num_threads(n: int) -> None:
@@ -50,6 +50,11 @@ class SimulatedAscendWorker(AscendWorkerMixin, CPUWorker):
         init_method = self.distributed_init_method
         ident = (os.path.basename(init_method.removeprefix("file://")) if init_method.startswith("file://")
                  else init_method.split(":")[-1])
+        if host := os.environ.get("VLLM_HOST_IP"):
+            # Shared memory is per host: ranks of one TCP rendezvous on hosts that declare different addresses (a Ray
+            # placement across hosts) must not agree on a segment name, or simulated hosts sharing this machine's
+            # /dev/shm would all-reduce through it, which two machines cannot; they take gloo over the link instead.
+            ident = f"{ident}-{host}"
         self._process_patches = [REGISTRY.apply("worker.torch_set_num_threads", skip_set_num_threads),
                                  REGISTRY.apply("worker.dist_ident", ident)]
         init_worker_distributed_environment(self.vllm_config, self.rank, self.distributed_init_method,
