@@ -180,3 +180,16 @@ def test_a_lost_ray_node_fails_requests_within_a_bound(ray_tp):
     # Named: rank 0's collective lost its peer (gloo's read reset by node 1), and vLLM declared the engine dead.
     log = ray_tp.server.log_path.read_text(errors="replace")
     assert "EngineDeadError" in log, ray_tp.server.log_tail(60)
+
+
+def test_the_device_platform_keeps_ray_off_the_npus_visible_devices():
+    """Not run on a card here (no multi-NPU host): on one, Ray would narrow each worker's ASCEND_RT_VISIBLE_DEVICES
+    to its bundle's NPU while vLLM picks the device by local rank. The device platform names the variable Ray's NPU
+    manager reads to leave it alone, and the variable it would narrow is the one the platform controls."""
+    from ray._private.accelerators.npu import NOSET_ASCEND_RT_VISIBLE_DEVICES_ENV_VAR, NPUAcceleratorManager
+
+    from ascend_platform.npu_platform import AscendNPUPlatform
+
+    assert NOSET_ASCEND_RT_VISIBLE_DEVICES_ENV_VAR in AscendNPUPlatform.ray_noset_device_env_vars
+    assert NPUAcceleratorManager.get_visible_accelerator_ids_env_var() == AscendNPUPlatform.device_control_env_var
+    assert NPUAcceleratorManager.get_resource_name() == AscendNPUPlatform.ray_device_key

@@ -364,6 +364,10 @@ class AscendNPUPlatform(AscendPlatformBase):
     dispatch_key: str = "PrivateUse1"
     ray_device_key: str = "NPU"
     device_control_env_var: str = "ASCEND_RT_VISIBLE_DEVICES"
+    # Ray would narrow each worker's ASCEND_RT_VISIBLE_DEVICES to its one bundle's NPU while vLLM picks the device by
+    # local rank (a host with two NPUs: rank 1 asks for device 1 of one visible); vLLM's executors set these so it
+    # leaves the variable alone, as it does CUDA_VISIBLE_DEVICES on GPUs. Ray's own name for it.
+    ray_noset_device_env_vars: list[str] = ["RAY_EXPERIMENTAL_NOSET_ASCEND_RT_VISIBLE_DEVICES"]
     dist_backend: str = "hccl"
     simple_compile_backend: str = "eager"
 
