@@ -27,7 +27,9 @@ def test_a_ray_placement_counts_the_ranks_of_this_node():
     from ascend_platform.worker.cpu_threads import ranks_on_this_node
 
     # TP=2 with one rank on each of two hosts: vLLM's local_world_size still says 2 (nnodes stays 1 under Ray).
-    ray = ParallelConfig(tensor_parallel_size=2, distributed_executor_backend="ray")
+    # Built as "mp" and then switched: ParallelConfig("ray") imports Ray, which this package does not depend on.
+    ray = ParallelConfig(tensor_parallel_size=2, distributed_executor_backend="mp")
+    ray.distributed_executor_backend = "ray"
     ray.assigned_physical_gpu_ids = [0]
     assert ray.local_world_size == 2 and ranks_on_this_node(ray) == 1
     mp = ParallelConfig(tensor_parallel_size=2, distributed_executor_backend="mp")
