@@ -12,6 +12,10 @@ import pytest
 
 from ascend_core.upstream import capabilities
 
+# The platform suite's engine configuration (tests/platform/conftest.py ENGINE).
+IN_PLACE_ENGINE = dict(dtype="float32", max_model_len=256, enforce_eager=True, max_num_seqs=4, block_size=32,
+                       max_num_batched_tokens=64, enable_chunked_prefill=True, enable_prefix_caching=False, seed=0)
+
 pytestmark = [pytest.mark.engine, pytest.mark.usefixtures("demo_run")]  # the demo starts first, beside the engines
 
 
@@ -20,6 +24,19 @@ def test_v1_greedy_matches_vllm_cpu(platform_runs, logprobs_close):
     assert ours["usage"]["facts"]["runner"] == "v1"
     assert all(len(o["token_ids"]) == 24 for o in ours["outputs"])
     logprobs_close(ours["outputs"], cpu["outputs"])
+
+
+def test_pages_read_in_place_match_vllm_cpu(host_pool, tiny_model, prompts, platform_runs, logprobs_close):
+    """The reference reads float32 pages in place (`reference.paged_blocks`) from ~512 KiB of K and V per request,
+    the long contexts of real models; this tiny model's never get there, so this engine sets the threshold to 0."""
+    cpu = platform_runs["cpu"]
+    host = host_pool.get("sim-v1-in-place", lane="simulated", runner="v1", env={"ASCEND_KERNELS_GATHER_BYTES": "0"})
+    try:
+        host.start(tiny_model, **IN_PLACE_ENGINE)
+        ours = host.generate(prompts, max_tokens=len(cpu["outputs"][0]["token_ids"]), logprobs=5)["outputs"]
+    finally:
+        host.stop()
+    logprobs_close(ours, cpu["outputs"])
 
 
 def test_310p_private_kv_buffers_match_vllm_cpu(platform_runs, logprobs_close):

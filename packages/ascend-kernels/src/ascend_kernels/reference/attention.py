@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import math
+import os
 import threading
 
 import torch
@@ -52,7 +53,9 @@ SMALL_ROWS = 64
 # gathered chunk is one batched matmul for the whole batch. Measured (float32, 1-2 threads, loaded machine, this file's
 # decode): 4 requests x 64 tokens 1.7 ms in place / 0.6 ms gathered; 32 x 200 tokens (400 KiB each) 45-59 / 17-37 ms;
 # 4 x 700 tokens (1.4 MiB each) 6.3-7.3 / 8.5-8.7 ms; 8 x 1,024 (8 MiB each) 7.5-12.2 / 18.7-23.5 ms.
-GATHER_SMALL_BYTES = 512 << 10  # gathered K and V bytes per request (on average over the batch) up to which to gather
+# Gathered K and V bytes per request (on average over the batch) up to which to gather; ASCEND_KERNELS_GATHER_BYTES
+# sets another (0: always in place), e.g. for an engine of a tiny model to run the path long contexts take.
+GATHER_SMALL_BYTES = int(os.environ.get("ASCEND_KERNELS_GATHER_BYTES", 512 << 10))
 
 _WORKSPACE: dict[tuple, torch.Tensor] = {}
 
