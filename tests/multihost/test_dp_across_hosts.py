@@ -15,11 +15,9 @@ logprobs within float rounding; both DP engines served requests; the MoE traffic
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import threading
-import urllib.request
 from dataclasses import dataclass
 
 import pytest
@@ -147,11 +145,7 @@ def test_the_moe_all2all_crosses_the_link(dp):
 
 def test_both_nodes_run_the_ascend_platform(dp):
     # vLLM's collective_rpc asks every DP engine but answers with the first one's: DP rank 0 (node 0).
-    req = urllib.request.Request(dp.node0.url + "/collective_rpc", method="POST",
-                                 data=json.dumps({"method": "ascend_usage"}).encode(),
-                                 headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=60) as resp:
-        (rank0,) = json.loads(resp.read())["results"]
+    (rank0,) = dp.node0.collective_rpc("ascend_usage")
     assert rank0["facts"]["runner_class"].startswith("ascend_platform.worker.")
     assert rank0["facts"]["moe.layer_class"].startswith("AscendRoutedExperts")
     assert rank0["counts"]["moe.expert_map"] > 0 and rank0["counts"]["kernels.fused_moe"] > 0

@@ -15,14 +15,13 @@ error, or the server, within a bound: nothing hangs.
 
 from __future__ import annotations
 
-import json
 import os
 import time
-import urllib.request
 from dataclasses import dataclass
 
 import pytest
 
+from ascend_testkit.compare import assert_greedy_equals_single
 from ascend_testkit.models.tiny_llama import TinyModelSpec, prompt_of_length
 from ascend_testkit.servers import ServerProcess, inside, tiny_serve_args
 
@@ -93,25 +92,11 @@ def ray_tp(ray_hosts):
         yield ray_hosts
 
 
-def _usage(server: ServerProcess) -> list[dict]:
-    req = urllib.request.Request(server.url + "/collective_rpc", method="POST",
-                                 data=json.dumps({"method": "ascend_usage"}).encode(),
-                                 headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=60) as resp:
-        return json.loads(resp.read())["results"]
-
-
 def test_completions_through_ray_equal_a_single_engines(ray_tp):
     client = ray_tp.server.openai_client(120.0)
     for n, prompt, single in zip(LENGTHS, PROMPTS, ray_tp.single, strict=True):
         ours = client.completions.create(model="tiny", prompt=prompt, **GREEDY).choices[0]
-        assert ours.token_ids == single["token_ids"], n
-        assert len(ours.token_ids) == MAX_TOKENS
-        assert ours.text == single["text"]
-        worst = max(abs(ours_lp - step[str(token)]) for ours_lp, step, token in zip(
-            ours.logprobs.token_logprobs, single["logprobs"], single["token_ids"], strict=True))
-        print(f"{n}-token prompt: greedy tokens equal, largest logprob difference {worst:.2e}")
-        assert worst < LOGPROB_TOL, (n, worst)
+        assert_greedy_equals_single(ours, single, MAX_TOKENS, LOGPROB_TOL, f"{n}-token prompt")
 
 
 def test_each_host_runs_one_ray_worker_of_the_ascend_platform(ray_tp):
@@ -127,7 +112,7 @@ def test_each_host_runs_one_ray_worker_of_the_ascend_platform(ray_tp):
     # Ray's own view: both NPUs of the cluster held.
     assert "2.0/2.0 NPU" in ray_tp.cluster.status()
     # Both ranks ran our platform's worker and attention.
-    usage = _usage(ray_tp.server)
+    usage = ray_tp.server.collective_rpc("ascend_usage")
     assert len(usage) == 2, "collective_rpc reached one rank only"
     for rank, report in enumerate(usage):
         assert report["facts"]["runner_class"].startswith("ascend_platform.worker."), rank

@@ -18,15 +18,14 @@ float32: the same greedy tokens, logprobs within float rounding); both ranks ran
 
 from __future__ import annotations
 
-import json
 import os
 import re
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
+from ascend_testkit.compare import assert_greedy_equals_single
 from ascend_testkit.models.tiny_llama import TinyModelSpec, prompt_of_length
 from ascend_testkit.servers import ServerProcess, inside
 
@@ -88,25 +87,11 @@ def tp(tp_hosts):
         yield tp_hosts
 
 
-def _usage(server: ServerProcess) -> list[dict]:
-    req = urllib.request.Request(server.url + "/collective_rpc", method="POST",
-                                 data=json.dumps({"method": "ascend_usage"}).encode(),
-                                 headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=60) as resp:
-        return json.loads(resp.read())["results"]
-
-
 def test_completions_across_hosts_equal_a_single_engines(tp):
     across = tp.client(tp.node0)
     for n, prompt, single in zip(LENGTHS, PROMPTS, tp.single, strict=True):
         ours = across.completions.create(model="tiny", prompt=prompt, **GREEDY).choices[0]
-        assert ours.token_ids == single["token_ids"], n
-        assert len(ours.token_ids) == MAX_TOKENS
-        assert ours.text == single["text"]
-        worst = max(abs(ours_lp - step[str(token)]) for ours_lp, step, token in zip(
-            ours.logprobs.token_logprobs, single["logprobs"], single["token_ids"], strict=True))
-        print(f"{n}-token prompt: greedy tokens equal, largest logprob difference {worst:.2e}")
-        assert worst < LOGPROB_TOL, (n, worst)
+        assert_greedy_equals_single(ours, single, MAX_TOKENS, LOGPROB_TOL, f"{n}-token prompt")
     # Streamed: the same tokens, chunk by chunk.
     stream = across.completions.create(model="tiny", prompt=PROMPTS[1], stream=True, max_tokens=MAX_TOKENS,
                                        temperature=0, extra_body={"ignore_eos": True})
@@ -133,7 +118,7 @@ def test_the_tp_all_reduce_crosses_the_link_over_gloo(tp):
 
 
 def test_both_nodes_workers_run_the_ascend_platform(tp):
-    usage = _usage(tp.node0)
+    usage = tp.node0.collective_rpc("ascend_usage")
     assert len(usage) == 2, "collective_rpc reached one rank only"
     for rank, report in enumerate(usage):
         assert report["facts"]["runner_class"].startswith("ascend_platform.worker."), rank

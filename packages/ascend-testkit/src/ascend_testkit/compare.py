@@ -1,4 +1,5 @@
-"""vLLM's `check_logprobs_close` rule, on the harness's output rows ({token_ids, logprobs: [{token: logprob}]})."""
+"""vLLM's `check_logprobs_close` rule, on the harness's output rows ({token_ids, logprobs: [{token: logprob}]}), and
+the stricter greedy comparison of a served completion with one engine's output row."""
 
 from __future__ import annotations
 
@@ -57,3 +58,16 @@ def greedy_float64(hf, tok, prompts: list[str], max_tokens: int, logprobs: int) 
                 ids = torch.cat([ids, torch.tensor([[nxt]])], dim=1)
             outputs.append({"token_ids": token_ids, "logprobs": tops})
     return outputs
+
+
+def assert_greedy_equals_single(choice, single: dict, max_tokens: int, logprob_tol: float, label) -> float:
+    """A greedy completion choice (asked with logprobs=1) holds the single engine's tokens and text, its chosen
+    tokens' logprobs within `logprob_tol` of the single engine's; returns the largest logprob difference."""
+    assert choice.token_ids == single["token_ids"], label
+    assert len(choice.token_ids) == max_tokens, label
+    assert choice.text == single["text"], label
+    worst = max(abs(ours - step[str(token)]) for ours, step, token in zip(
+        choice.logprobs.token_logprobs, single["logprobs"], single["token_ids"], strict=True))
+    print(f"{label}: greedy tokens equal, largest logprob difference {worst:.2e}")
+    assert worst < logprob_tol, (label, worst)
+    return worst

@@ -169,6 +169,15 @@ class ServerProcess:
             raise ServerStartError(f"{self.name}: GET {path} answered {status}: {body[:300]!r}")
         return json.loads(body)
 
+    def collective_rpc(self, method: str, timeout: float = 60.0) -> list:
+        """The workers' answers to `method` through vLLM's development endpoint /collective_rpc (the server runs with
+        VLLM_SERVER_DEV_MODE=1), from inside the server's namespace."""
+        req = urllib.request.Request(self.url + "/collective_rpc", method="POST",
+                                     data=json.dumps({"method": method}).encode(),
+                                     headers={"Content-Type": "application/json"})
+        with inside(self.netns), urllib.request.urlopen(req, timeout=timeout) as resp:
+            return json.loads(resp.read())["results"]
+
     def metric(self, name: str) -> float:
         """The sum of `name`'s samples on the server's Prometheus /metrics (vLLM's counters and gauges); a metric the
         server does not report is an error naming it."""
