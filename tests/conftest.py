@@ -65,6 +65,15 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         (Path(folder) / f"session-{os.getpid()}.tests.json").write_text(json.dumps(sorted(PASSED_FILES)))
 
 
+# The engine host pool's account (hosts retired for memory and brought back), printed at the end of the session.
+POOL_SUMMARY: list[str] = []
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    for line in POOL_SUMMARY:
+        terminalreporter.write_line(f"host pool: {line}")
+
+
 def _ran_the_reach_check(session: pytest.Session) -> bool:
     return any(Path(str(item.path)).is_relative_to(REACH_TEST_DIR) for item in session.items)
 
@@ -129,6 +138,7 @@ def host_pool(tmp_path_factory):
 
     pool = HostPool(tmp_path_factory.mktemp("engine-hosts"))
     yield pool
+    POOL_SUMMARY.append(pool.summary())
     leftovers = pool.close()
     assert not leftovers, f"engine hosts still running: {leftovers}"
 

@@ -46,3 +46,39 @@ def test_private_methods_are_not_commands(host):
 def test_close_ends_the_process(host):
     host.close()
     assert not host.alive and host.proc.returncode == 0
+
+
+def test_an_idle_host_retires_and_comes_back_on_its_next_command(host):
+    assert host.call("stop") is None and host.idle
+    first_pid = host.pid
+    host.retire()
+    assert host.retired and not host.alive and not host.idle and host.proc.returncode == 0
+    assert host.call("stop") is None  # a fresh process answers
+    assert host.alive and not host.retired and host.pid != first_pid
+
+
+def test_a_host_with_a_command_under_way_is_not_retired(host):
+    host.send("stop")
+    with pytest.raises(EngineError, match="not idle"):
+        host.retire()
+    assert host.receive() is None and host.alive
+
+
+def test_short_memory_retires_the_least_recently_used_idle_host_first(tmp_path, monkeypatch):
+    from ascend_testkit.engine import pool as pool_module
+
+    pool = pool_module.HostPool(tmp_path)
+    try:
+        older, newer = pool.get("older", lane="cpu", runner="v1"), pool.get("newer", lane="cpu", runner="v1")
+        older.call("stop")
+        newer.call("stop")  # used last
+        readings = [1 << 20]  # short once, then plenty: one host is enough
+        monkeypatch.setattr(pool_module, "available_bytes", lambda: readings.pop() if readings else 64 << 30)
+        assert pool_module.make_room(2 << 30) == ["older"]
+        assert older.retired and newer.alive and pool.retirements == ["older"]
+        assert pool.get("older", lane="cpu", runner="v1") is older  # the same host, back on its next command
+        assert older.call("stop") is None and older.alive
+        monkeypatch.setattr(pool_module, "available_bytes", lambda: 1 << 20)
+        assert pool_module.make_room(2 << 30, keep=older) == ["newer"]  # never the host about to start an engine
+    finally:
+        assert pool.close() == []

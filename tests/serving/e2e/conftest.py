@@ -104,5 +104,10 @@ def serving(serving_session):
     """The shared servers, with this test's thread inside their namespace (its clients reach 127.0.0.1 there)."""
     from ascend_testkit.servers import inside
 
+    # A server that died between tests (e.g. the kernel's OOM killer took its engine) would fail this test in ways
+    # that do not say so: name it first.
+    servers = [serving_session.prefill, *serving_session.decodes, serving_session.router]
+    gone = [why for why in (s.died_on_its_own() for s in servers) if why]
+    assert not gone, "a shared server died before this test:\n" + "\n".join(gone)
     with inside(serving_session.netns):
         yield serving_session

@@ -24,6 +24,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from ascend_testkit.engine.env import vllm_cache_root
+from ascend_testkit.engine.pool import make_room
 from ascend_testkit.netns import LoopbackNamespace
 from ascend_testkit.reach.collect import reach_env, with_reach
 
@@ -140,6 +141,7 @@ class ServerProcess:
                                      env=env, start_new_session=True, preexec_fn=_die_with_parent)
         self.started_at = time.monotonic()
         self.ready_after_s: float | None = None
+        self.killed = False  # by `kill` (a test's fault), as opposed to dying on its own
 
     @property
     def alive(self) -> bool:
@@ -226,6 +228,14 @@ class ServerProcess:
         except OSError:
             return ""
 
+    def died_on_its_own(self) -> str | None:
+        """Why a shared server is gone though no test killed it (its exit status and log tail), or None."""
+        if self.alive or self.killed:
+            return None
+        how = f"killed by signal {-self.proc.returncode}" if self.proc.returncode < 0 else \
+            f"exited with {self.proc.returncode}"
+        return f"{self.name} ({self.url}) {how}; log tail:\n{self.log_tail(20)}"
+
     def footprint(self) -> dict[str, int]:
         """Open file descriptors and threads of every process in the server's group (its engine core too), from
         /proc: what a leak shows up in."""
@@ -256,6 +266,7 @@ class ServerProcess:
 
     def kill(self) -> None:
         """SIGKILL the whole group at once (fault injection: no graceful shutdown)."""
+        self.killed = True
         self._signal_group(signal.SIGKILL)
         self.proc.wait(timeout=30)
 
@@ -280,7 +291,9 @@ def start_serve(name: str, model: str | os.PathLike, port: int, *, log_dir: str 
                 args: list[str] | None = None, env_extra: dict[str, str] | None = None,
                 simulate: bool = True, host: str = "127.0.0.1") -> ServerProcess:
     """`ascend-vllm serve MODEL --host HOST --port PORT [args]` (in `netns`), not yet waited for (call
-    `wait_healthy`)."""
+    `wait_healthy`). Idle engine hosts of this process make room for it first when memory is short
+    (`engine.pool.make_room`)."""
+    make_room()
     log_dir = Path(log_dir)
     argv = [sys.executable, "-m", "ascend_vllm.cli", "serve", str(model), "--host", host, "--port", str(port),
             *(args if args is not None else tiny_serve_args())]

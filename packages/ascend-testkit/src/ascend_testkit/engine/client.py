@@ -40,6 +40,13 @@ class EngineStartError(EngineError):
     """The engine refused to start (the message is vLLM's or our platform's, e.g. a bad additional_config)."""
 
 
+def _make_room(host: EngineHost) -> None:
+    """Before an engine starts (or a retired host comes back): idle hosts give memory back if it is short."""
+    from ascend_testkit.engine.pool import make_room  # the pool module builds on this one
+
+    make_room(keep=host)
+
+
 class EngineHost:
     def __init__(self, name: str, *, lane: str = "simulated", log_dir: str | os.PathLike, cpus: str | int | None = None,
                  runner: str | None = None, env: Mapping[str, str] | None = None, netns: Any = None,
@@ -50,21 +57,47 @@ class EngineHost:
         log_dir = Path(log_dir)
         log_dir.mkdir(parents=True, exist_ok=True)
         self.log_path = log_dir / f"{name}.log"
-        self._log = open(self.log_path, "ab")  # noqa: SIM115 - lives as long as the process
         argv = [sys.executable, "-m", "ascend_testkit.engine.host", *(a for s in setup for a in ("--setup", s))]
-        cmd = netns.command(argv) if netns is not None else argv
+        self._cmd = netns.command(argv) if netns is not None else argv
         cache_root = vllm_cache_root(log_dir / f"{name}-vllm-cache")
-        host_env = engine_env(lane, cache_root, cpus=cpus, runner=runner, extra=env)
-        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log,
-                                     env=host_env)
+        self._env = engine_env(lane, cache_root, cpus=cpus, runner=runner, extra=env)
+        self.retired = False
+        self.last_used = time.monotonic()
+        self.spawns = 0
+        self._spawn()
+
+    def _spawn(self) -> None:
+        self._log = open(self.log_path, "ab")  # noqa: SIM115 - lives as long as the process
+        self.proc = subprocess.Popen(self._cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log,
+                                     env=self._env)
         self._waiting: deque[tuple[str, float]] = deque([("hello", HELLO_TIMEOUT_S)])
         self._buffer = b""
         self.pid: int | None = None
         self.engine: dict[str, Any] | None = None
+        self.retired = False
+        self.spawns += 1
+
+    @property
+    def idle(self) -> bool:
+        """Running, with no engine and no command under way: closing it loses nothing but its warm imports."""
+        return self.alive and self.engine is None and all(op == "hello" for op, _ in self._waiting)
+
+    def retire(self) -> None:
+        """End an idle host's process to give its memory back; the next command starts a fresh one, which costs
+        the vLLM import again (a `HostPool` retires hosts so only when memory runs short)."""
+        if not self.idle:
+            raise EngineError(f"engine host {self.name} is not idle (engine {self.engine}, waiting "
+                              f"{[op for op, _ in self._waiting]}): it cannot be retired")
+        self.close()
+        self.retired = True
 
     # ---- the pipe -------------------------------------------------------------------------------------------------
     def send(self, op: str, wait_s: float = CALL_TIMEOUT_S, **kwargs: Any) -> EngineHost:
         """Send a command without waiting for its reply (read it with `receive`, within `wait_s`)."""
+        if self.retired:
+            _make_room(self)
+            self._spawn()
+        self.last_used = time.monotonic()
         if self.proc.poll() is not None:
             raise EngineError(f"engine host {self.name} has exited ({self.proc.returncode}); log tail:\n"
                               f"{self.log_tail()}")
@@ -135,6 +168,8 @@ class EngineHost:
         """
         if "runner" in engine:
             raise TypeError("the model runner is chosen per host process: EngineHost(..., runner='v1'|'v2')")
+        if not self.retired:
+            _make_room(self)
         self.send("start", timeout, model=str(model), engine=engine, env=dict(env or {}))
         return self.started() if wait else self
 

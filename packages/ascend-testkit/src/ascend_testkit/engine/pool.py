@@ -2,28 +2,91 @@
 
 A host costs one vLLM import (~15-25 s here); an engine in a warm host starts in a few seconds. So a session keeps
 one host per (lane, network namespace, pinning) and every suite runs its engines on it, one after another.
+
+An idle host still holds ~0.5 GB (torch and vLLM imported), and a session collects a dozen or more; two sessions
+side by side with their engines and servers outgrew this machine's memory once (the kernel killed a server's engine).
+So before an engine starts (in a host or a server, `make_room`), the pools of this process retire their least
+recently used idle hosts while the machine's available memory is short of what the engines starting now will take
+plus a reserve; a retired host comes back on its next command.
 """
 
 from __future__ import annotations
 
 import os
+import sys
+import time
+import weakref
+from collections import deque
 from pathlib import Path
 from typing import Any
 
 from ascend_testkit.engine.client import EngineHost
+
+# Headroom kept for what this process cannot see (the other session's engines, a model's activations).
+DEFAULT_RESERVE_MIB = 4096
+# What an engine of the test models takes once loaded (~1.5 GB engine core, its server or worker beside it); an
+# engine that started within START_WINDOW_S may not have taken it yet, so it still counts against what is available.
+ENGINE_MIB = 2048
+START_WINDOW_S = 120.0
+
+_POOLS: weakref.WeakSet[HostPool] = weakref.WeakSet()
+_STARTS: deque[float] = deque()  # when recent engines started (make_room's callers)
+
+
+def reserve_bytes() -> int:
+    return int(os.environ.get("ASCEND_TESTKIT_RESERVE_MIB", DEFAULT_RESERVE_MIB)) << 20
+
+
+def available_bytes() -> int | None:
+    """The kernel's estimate of memory available without swapping (`MemAvailable`), None where it has none."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) << 10
+    except OSError:
+        pass
+    return None
+
+
+def make_room(need: int | None = None, *, keep: EngineHost | None = None) -> list[str]:
+    """Before an engine starts: retire idle hosts of every pool in this process, least recently used first, until
+    `need` bytes are available or none is idle. `need` defaults to the reserve plus an engine for this start and
+    each one of the last START_WINDOW_S (still loading, e.g. a PD pair's servers started together). Returns the
+    names retired."""
+    now = time.monotonic()
+    while _STARTS and _STARTS[0] < now - START_WINDOW_S:
+        _STARTS.popleft()
+    _STARTS.append(now)
+    if need is None:
+        need = reserve_bytes() + len(_STARTS) * (ENGINE_MIB << 20)
+    retired: list[str] = []
+    while (free := available_bytes()) is not None and free < need:
+        idle = [(host.last_used, pool, host) for pool in list(_POOLS) for host in pool.hosts.values()
+                if host is not keep and host.idle]
+        if not idle:
+            break
+        _, pool, host = min(idle, key=lambda item: item[0])
+        host.retire()
+        pool.retirements.append(host.name)
+        retired.append(host.name)
+        print(f"[ascend_testkit] retired idle engine host {host.name}: {free >> 20} MiB available, "
+              f"{need >> 20} MiB wanted", file=sys.stderr, flush=True)
+    return retired
 
 
 class HostPool:
     def __init__(self, log_dir: str | os.PathLike) -> None:
         self.log_dir = Path(log_dir)
         self.hosts: dict[str, EngineHost] = {}
+        self.retirements: list[str] = []
+        _POOLS.add(self)
 
     def get(self, name: str, *, lane: str = "simulated", runner: str | None = None, netns: Any = None,
             cpus: str | int | None = None, env: dict[str, str] | None = None,
             setup: tuple[str, ...] = ()) -> EngineHost:
         """The host called `name`, started with these settings on first use (later calls must not differ)."""
         host = self.hosts.get(name)
-        if host is not None and host.proc.poll() is None:
+        if host is not None and (host.alive or host.retired):
             if (host.lane, host.runner) != (lane, runner):
                 raise ValueError(f"engine host {name!r} runs the {host.lane} lane with runner {host.runner}, "
                                  f"not {lane} with {runner}")
@@ -33,8 +96,15 @@ class HostPool:
         self.hosts[name] = host
         return host
 
+    def summary(self) -> str:
+        """How many hosts this pool started, and how often memory made it retire and bring one back."""
+        revived = sum(host.spawns - 1 for host in self.hosts.values())
+        return (f"{len(self.hosts)} engine hosts; {len(self.retirements)} retired idle for memory, {revived} brought "
+                f"back{': ' + ', '.join(self.retirements) if self.retirements else ''}")
+
     def close(self) -> list[int]:
         """Close every host; returns the pids of any that would not die (a test should fail on them)."""
         for host in self.hosts.values():
             host.close()
+        _POOLS.discard(self)
         return [h.proc.pid for h in self.hosts.values() if h.proc.poll() is None]
