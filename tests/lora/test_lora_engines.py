@@ -72,6 +72,6 @@ def test_base_requests_beside_adapters_get_no_lora_term(lora_runs, runner):
 @pytest.mark.parametrize("runner", RUNNERS)
 def test_lora_terms_ran_on_our_punica_ops(lora_runs, runner):
     counts = lora_runs[(runner,)]["counts"]
-    steps = ("lora.sgmv_shrink", "lora.sgmv_expand", "lora.bgmv_shrink", "lora.bgmv_expand")
+    steps = ("kernels.sgmv_shrink", "kernels.sgmv_expand", "kernels.bgmv_shrink", "kernels.bgmv_expand")
     missing = [step for step in steps if not counts.get(step)]
     assert not missing, f"{runner}: punica steps that never ran on our ops: {missing} (counts: {counts})"

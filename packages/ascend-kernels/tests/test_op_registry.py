@@ -147,6 +147,42 @@ def test_facade_counting_counts_per_backend_and_op_only_while_on():
     npu_usage.reset()
 
 
+
+def test_an_op_observer_wraps_every_op_of_the_bound_backend_until_removed():
+    seen: list[str] = []
+
+    def observe(op):
+        def wrap(fn):
+            def observed(*args, **kwargs):
+                seen.append(op)
+                return fn(*args, **kwargs)
+
+            return observed
+
+        return wrap
+
+    x, w = torch.randn(2, 4), torch.ones(4)
+    expected = ops.rms_norm(x, w, 1e-6)
+    registry.set_op_observer(observe)
+    try:
+        assert torch.equal(ops.rms_norm(x, w, 1e-6), expected)  # the observed op still returns the op's result
+        ops.silu_and_mul(torch.randn(2, 4))
+        npu_usage.set_facade_counting(True)  # both wrappers at once
+        try:
+            ops.rms_norm(x, w, 1e-6)
+            assert npu_usage.snapshot()["facade_ops"].get("reference:rms_norm") == 1
+        finally:
+            npu_usage.set_facade_counting(False)
+        assert seen == ["rms_norm", "silu_and_mul", "rms_norm"]
+        ascend_kernels.set_backend("reference")  # selecting a backend again keeps the observer
+        ops.silu_and_mul(torch.randn(2, 4))
+        assert seen[-1] == "silu_and_mul"
+    finally:
+        registry.set_op_observer(None)
+        npu_usage.reset()
+    ops.rms_norm(x, w, 1e-6)
+    assert len(seen) == 4
+
 def test_each_backend_declares_the_kv_layout_it_takes():
     for backend in ascend_kernels.BACKEND_NAMES:
         layout = op_registry.kv_layout(backend)

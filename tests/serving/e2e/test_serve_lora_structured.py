@@ -219,5 +219,5 @@ def test_the_server_ran_lora_on_our_punica_ops(served):
     assert status == 200, body
     usage = json.loads(body)["results"][0]
     assert usage["facts"]["runner_class"].startswith("ascend_platform.worker.")
-    steps = ("lora.sgmv_shrink", "lora.sgmv_expand", "lora.bgmv_shrink", "lora.bgmv_expand")
+    steps = ("kernels.sgmv_shrink", "kernels.sgmv_expand", "kernels.bgmv_shrink", "kernels.bgmv_expand")
     assert all(usage["counts"].get(step) for step in steps), usage["counts"]

@@ -110,8 +110,33 @@ def rebind() -> None:
     if backend is None:
         op_registry.unbind()
         return
-    counter = npu_usage.facade_counter(backend.name) if npu_usage.facade_counting() else None
-    op_registry.bind(backend.ops, checked=validation_enabled(), counter=counter)
+    wrappers = [w for w in (_Observer.wrap, npu_usage.facade_counter(backend.name) if npu_usage.facade_counting()
+                            else None) if w is not None]
+    op_registry.bind(backend.ops, checked=validation_enabled(), counter=_chain(wrappers) if wrappers else None)
+
+
+class _Observer:
+    wrap: Callable[[str], Callable[[Callable], Callable]] | None = None
+
+
+def set_op_observer(wrap: Callable[[str], Callable[[Callable], Callable]] | None) -> None:
+    """Wrap every op each time a backend binds: `wrap(op)(fn)` returns what `ops.<op>` runs (e.g. the platform's
+    per-op usage timing, so no caller counts its own calls); None removes it. Rebinds the selected backend."""
+    if _Observer.wrap is not wrap:
+        _Observer.wrap = wrap
+        rebind()
+
+
+def _chain(wrappers: list[Callable[[str], Callable[[Callable], Callable]]]):
+    def for_op(op: str):
+        def wrap(fn: Callable) -> Callable:
+            for wrapper in wrappers:
+                fn = wrapper(op)(fn)
+            return fn
+
+        return wrap
+
+    return for_op
 
 
 def get_backend() -> str:

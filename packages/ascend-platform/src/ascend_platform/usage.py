@@ -1,7 +1,9 @@
 """Process-wide usage markers: which of our parts ran in this engine process.
 
-The runner, the attention backend and the kernel calls bump counters here; tests read them back from the worker
-with `collective_rpc("ascend_usage")` to prove our allocator, backend and kernel facade did the work, not vLLM's.
+The runner, the attention backend and a few engine hooks bump counters here, and every kernel facade op call counts
+and times itself as "kernels.<op>" (`kernel_op_timer`, installed on the kernel registry: no caller counts its own
+op calls); tests read them back from the worker with `collective_rpc("ascend_usage")` to prove our allocator,
+backend and kernel facade did the work, not vLLM's.
 """
 
 from __future__ import annotations
@@ -15,10 +17,24 @@ from typing import Any
 _COUNTS: Counter[str] = Counter()
 _SECONDS: Counter[str] = Counter()
 _FACTS: dict[str, Any] = {}
+_ON_DEVICE: dict[str, Any] = {}  # name -> a running total still on the device (`count_on_device`)
 
 
 def count(name: str, n: int = 1) -> None:
     _COUNTS[name] += n
+
+
+def count_on_device(name: str, flags: Any) -> None:
+    """Add the number of true (or the sum of) `flags`, a tensor, without reading it back: the total stays on the
+    device until `snapshot` (a read-back per layer would stall the step on a device). Not inside a region
+    torch.compile traces."""
+    import torch
+
+    if torch.compiler.is_compiling():
+        return
+    n = flags.sum()
+    total = _ON_DEVICE.get(name)
+    _ON_DEVICE[name] = n if total is None else total + n
 
 
 def note(name: str, value: Any) -> None:
@@ -43,5 +59,36 @@ def timed(name: str) -> Iterator[None]:
         _COUNTS[name] += 1
 
 
+def kernel_op_timer(op: str):
+    """The kernel registry's op observer (`ascend_kernels.registry.set_op_observer`, installed by
+    `facade.kernel_ops`): every call of facade op `op` counts and times "kernels.<op>", whoever makes it. Not inside
+    a region torch.compile traces (as `timed`)."""
+    import torch
+
+    key = f"kernels.{op}"
+    is_compiling = torch.compiler.is_compiling
+    clock = time.perf_counter
+
+    def wrap(fn):
+        def timed_op(*args, **kwargs):
+            if is_compiling():
+                return fn(*args, **kwargs)
+            t0 = clock()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                _SECONDS[key] += clock() - t0
+                _COUNTS[key] += 1
+
+        timed_op.__name__ = timed_op.__qualname__ = getattr(fn, "__name__", op)
+        timed_op.__wrapped__ = fn
+        return timed_op
+
+    return wrap
+
+
 def snapshot() -> dict[str, Any]:
-    return {"counts": dict(_COUNTS), "seconds": {k: round(v, 6) for k, v in _SECONDS.items()}, "facts": dict(_FACTS)}
+    counts = Counter(_COUNTS)
+    for name, total in _ON_DEVICE.items():
+        counts[name] += int(total)
+    return {"counts": dict(counts), "seconds": {k: round(v, 6) for k, v in _SECONDS.items()}, "facts": dict(_FACTS)}

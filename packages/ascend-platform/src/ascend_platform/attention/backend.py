@@ -229,18 +229,16 @@ class AscendAttentionImpl(AttentionImpl[AscendAttentionMetadata]):
         key_cache, value_cache = self._caches(layer, kv_cache)
         quant = self._kv_quant(layer, key_cache)
         if quant is not None:  # C8 (refused at start-up with PCP)
-            with usage.timed("kernels.reshape_and_cache_quant"):
-                kernel_ops().reshape_and_cache_quant(key, value, key_cache, value_cache, slot_mapping[: key.shape[0]],
-                                                     quant.key_scale, quant.key_offset, quant.value_scale,
-                                                     quant.value_offset)
+            kernel_ops().reshape_and_cache_quant(key, value, key_cache, value_cache, slot_mapping[: key.shape[0]],
+                                                 quant.key_scale, quant.key_offset, quant.value_scale,
+                                                 quant.value_offset)
             return
         if self.pcp_world_size > 1 and slot_mapping.shape[0] > key.shape[0]:
             # A partitioned step: the slot mapping covers every rank's tokens, which each rank's replica holds.
             self._pcp_kv = pcp_attention.all_gather_kv(key, value)
             pcp_attention.cache_gathered_kv(self._pcp_kv, key.shape[-1], key_cache, value_cache, slot_mapping)
             return
-        with usage.timed("kernels.reshape_and_cache"):
-            kernel_ops().reshape_and_cache(key, value, key_cache, value_cache, slot_mapping[: key.shape[0]])
+        kernel_ops().reshape_and_cache(key, value, key_cache, value_cache, slot_mapping[: key.shape[0]])
 
     def forward(self, layer, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor,
                 attn_metadata: AscendAttentionMetadata | None, output: torch.Tensor,
@@ -256,23 +254,21 @@ class AscendAttentionImpl(AttentionImpl[AscendAttentionMetadata]):
         quant = self._kv_quant(layer, key_cache)
         if quant is not None:
             m = attn_metadata
-            with usage.timed("kernels.paged_attention_antiquant"):
-                kernel_ops().paged_attention_antiquant(
-                    query[:n], key_cache, value_cache, m.block_table, m.query_start_loc, m.seq_lens,
-                    key_scale=quant.key_scale, key_offset=quant.key_offset, value_scale=quant.value_scale,
-                    value_offset=quant.value_offset, scale=self.scale, causal=m.causal,
-                    sliding_window=self.sliding_window, sinks=self.sinks, out=output[:n],
-                    query_start_loc_host=m.query_start_loc_host, seq_lens_host=m.seq_lens_host)
+            kernel_ops().paged_attention_antiquant(
+                query[:n], key_cache, value_cache, m.block_table, m.query_start_loc, m.seq_lens,
+                key_scale=quant.key_scale, key_offset=quant.key_offset, value_scale=quant.value_scale,
+                value_offset=quant.value_offset, scale=self.scale, causal=m.causal,
+                sliding_window=self.sliding_window, sinks=self.sinks, out=output[:n],
+                query_start_loc_host=m.query_start_loc_host, seq_lens_host=m.seq_lens_host)
             usage.count("attention.ascend.forward")
             return output
         if attn_metadata.pcp is not None and gathered is not None:
             return self._forward_pcp(query, key_cache, value_cache, attn_metadata, gathered, output)
-        with usage.timed("kernels.paged_attention"):
-            kernel_ops().paged_attention(
-                query[:n], key_cache, value_cache, attn_metadata.block_table, attn_metadata.query_start_loc,
-                attn_metadata.seq_lens, scale=self.scale, causal=attn_metadata.causal,
-                sliding_window=self.sliding_window, sinks=self.sinks, out=output[:n],
-                query_start_loc_host=attn_metadata.query_start_loc_host, seq_lens_host=attn_metadata.seq_lens_host)
+        kernel_ops().paged_attention(
+            query[:n], key_cache, value_cache, attn_metadata.block_table, attn_metadata.query_start_loc,
+            attn_metadata.seq_lens, scale=self.scale, causal=attn_metadata.causal,
+            sliding_window=self.sliding_window, sinks=self.sinks, out=output[:n],
+            query_start_loc_host=attn_metadata.query_start_loc_host, seq_lens_host=attn_metadata.seq_lens_host)
         usage.count("attention.ascend.forward")
         return output
 
@@ -283,12 +279,11 @@ class AscendAttentionImpl(AttentionImpl[AscendAttentionMetadata]):
         assert layout is not None
         d, t0, n = layout.first_prefill_row, layout.prefill_token_start, m.num_actual_tokens
         if d:
-            with usage.timed("kernels.paged_attention"):
-                kernel_ops().paged_attention(
-                    query[:t0], key_cache, value_cache, m.block_table[:d], m.query_start_loc[: d + 1],
-                    m.seq_lens[:d], scale=self.scale, causal=m.causal, out=output[:t0],
-                    query_start_loc_host=None if m.query_start_loc_host is None else m.query_start_loc_host[: d + 1],
-                    seq_lens_host=None if m.seq_lens_host is None else m.seq_lens_host[:d])
+            kernel_ops().paged_attention(
+                query[:t0], key_cache, value_cache, m.block_table[:d], m.query_start_loc[: d + 1],
+                m.seq_lens[:d], scale=self.scale, causal=m.causal, out=output[:t0],
+                query_start_loc_host=None if m.query_start_loc_host is None else m.query_start_loc_host[: d + 1],
+                seq_lens_host=None if m.seq_lens_host is None else m.seq_lens_host[:d])
         pcp_attention.chunk_attention(query[t0:n], gathered, query.shape[-1], key_cache, value_cache,
                                       m.block_table[d:], layout, scale=self.scale, out=output[t0:n])
         usage.count("attention.ascend.forward")

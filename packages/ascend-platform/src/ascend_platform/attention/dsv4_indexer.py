@@ -34,11 +34,9 @@ def dsv4_indexer_topk(layer: Any, q_quant: torch.Tensor, weights: torch.Tensor) 
     cache = layer.k_cache.kv_cache
     page_table = m.block_table[m.token_to_req_indices[:n].long()]
     ops = kernel_ops()
-    with usage.timed("kernels.dsv4_fp8_paged_mqa_logits"):
-        logits = ops.dsv4_fp8_paged_mqa_logits(q_quant[:n], cache.view(cache.shape[0], -1), weights[:n], lens,
-                                               page_table, cache.shape[1], max_len)
+    logits = ops.dsv4_fp8_paged_mqa_logits(q_quant[:n], cache.view(cache.shape[0], -1), weights[:n], lens,
+                                           page_table, cache.shape[1], max_len)
     pages = torch.empty((n, topk), dtype=torch.int32, device=q_quant.device)
-    with usage.timed("kernels.dsv4_topk_transform"):
-        ops.dsv4_topk_transform(logits, lens, page_table, pages, cache.shape[1], buffer[:n, :topk])
+    ops.dsv4_topk_transform(logits, lens, page_table, pages, cache.shape[1], buffer[:n, :topk])
     usage.count("attention.ascend_dsa.indexed_tokens", n)
     return buffer

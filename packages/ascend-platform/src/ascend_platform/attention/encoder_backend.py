@@ -114,18 +114,17 @@ class AscendEncoderOnlyAttentionImpl(AttentionImpl[AscendAttentionMetadata]):
             raise RuntimeError("ASCEND_ENCODER_ONLY attention was handed causal metadata")
         m, n = attn_metadata, attn_metadata.num_actual_tokens
         starts = m.query_start_loc
-        with usage.timed("kernels.attention_with_lse"):
-            kernel_ops().attention_with_lse(
-                query[:n],
-                key[:n],
-                value[:n],
-                starts,
-                starts,
-                scale=self.scale,
-                causal=False,
-                out=output[:n],
-                query_start_loc_host=m.query_start_loc_host,
-                kv_start_loc_host=m.query_start_loc_host,
-            )
+        kernel_ops().attention_with_lse(
+            query[:n],
+            key[:n],
+            value[:n],
+            starts,
+            starts,
+            scale=self.scale,
+            causal=False,
+            out=output[:n],
+            query_start_loc_host=m.query_start_loc_host,
+            kv_start_loc_host=m.query_start_loc_host,
+        )
         usage.count("attention.ascend.encoder_only.forward")
         return output

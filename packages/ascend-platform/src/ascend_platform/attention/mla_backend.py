@@ -252,17 +252,15 @@ class AscendMLAImpl(MLAAttentionImpl[AscendMLAMetadata]):
         kv = self._views(kv_cache)
         slots = slot_mapping.flatten()
         n = slots.shape[0]
-        with usage.timed("kernels.reshape_and_cache_mla"):
-            kernel_ops().reshape_and_cache_mla(kv_c_normed[:n], k_pe[:n].reshape(n, -1), kv.latent, kv.rope, slots)
+        kernel_ops().reshape_and_cache_mla(kv_c_normed[:n], k_pe[:n].reshape(n, -1), kv.latent, kv.rope, slots)
 
     def forward_mqa(self, q, kv_c_and_k_pe_cache: torch.Tensor, attn_metadata: AscendMLAMetadata, layer):
         q_nope, q_rope = q if isinstance(q, tuple) else q.split([self.kv_lora_rank, self.qk_rope_head_dim], dim=-1)
         decode = attn_metadata.decode
         kv = self._views(kv_c_and_k_pe_cache)
-        with usage.timed("kernels.mla_decode_attention"):
-            out = kernel_ops().mla_decode_attention(q_nope, q_rope, kv.latent, kv.rope, decode.block_table,
-                                                    decode.seq_lens, scale=self.scale,
-                                                    seq_lens_host=decode.seq_lens_host)
+        out = kernel_ops().mla_decode_attention(q_nope, q_rope, kv.latent, kv.rope, decode.block_table,
+                                                decode.seq_lens, scale=self.scale,
+                                                seq_lens_host=decode.seq_lens_host)
         usage.count("attention.ascend_mla.decode_tokens", q_nope.shape[0])
         return out, None
 
@@ -275,9 +273,8 @@ class AscendMLAImpl(MLAAttentionImpl[AscendMLAMetadata]):
         ops = kernel_ops()
         if prefill.has_context:
             kv = self._views(kv_c_and_k_pe_cache)
-            with usage.timed("kernels.gather_mla_cache"):
-                latent, rope = ops.gather_mla_cache(kv.latent, kv.rope, prefill.block_table, prefill.seq_lens,
-                                                    seq_lens_host=prefill.seq_lens_host)
+            latent, rope = ops.gather_mla_cache(kv.latent, kv.rope, prefill.block_table, prefill.seq_lens,
+                                                seq_lens_host=prefill.seq_lens_host)
             kv_start, kv_start_host = prefill.kv_start_loc, prefill.kv_start_loc_host
             usage.count("attention.ascend_mla.context_prefills")
         else:
@@ -285,9 +282,8 @@ class AscendMLAImpl(MLAAttentionImpl[AscendMLAMetadata]):
             kv_start, kv_start_host = prefill.query_start_loc, prefill.query_start_loc_host
         kv_nope = self.kv_b_proj(latent)[0].view(-1, self.num_heads, self.qk_nope_head_dim + self.v_head_dim)
         k_nope, v = kv_nope.split([self.qk_nope_head_dim, self.v_head_dim], dim=-1)
-        with usage.timed("kernels.mla_prefill_attention"):
-            ops.mla_prefill_attention(q, k_nope, rope.to(q.dtype), v, prefill.query_start_loc, kv_start,
-                                      scale=self.scale, out=output.view(-1, self.num_heads, self.v_head_dim),
-                                      query_start_loc_host=prefill.query_start_loc_host,
-                                      kv_start_loc_host=kv_start_host)
+        ops.mla_prefill_attention(q, k_nope, rope.to(q.dtype), v, prefill.query_start_loc, kv_start,
+                                  scale=self.scale, out=output.view(-1, self.num_heads, self.v_head_dim),
+                                  query_start_loc_host=prefill.query_start_loc_host,
+                                  kv_start_loc_host=kv_start_host)
         usage.count("attention.ascend_mla.prefill_tokens", q.shape[0])

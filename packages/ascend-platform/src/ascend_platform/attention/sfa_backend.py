@@ -147,10 +147,9 @@ class AscendSFAImpl(AscendMLAImpl):
         q_nope, q_rope = q if isinstance(q, tuple) else q.split([self.kv_lora_rank, self.qk_rope_head_dim], dim=-1)
         kv = self._views(kv_c_and_k_pe_cache)
         m = attn_metadata
-        with usage.timed("kernels.sparse_mla_attention"):
-            out = kernel_ops().sparse_mla_attention(q_nope, q_rope, kv.latent, kv.rope, m.block_table,
-                                                    m.query_start_loc, self.topk_indices_buffer, scale=self.scale,
-                                                    query_start_loc_host=m.query_start_loc_host)
+        out = kernel_ops().sparse_mla_attention(q_nope, q_rope, kv.latent, kv.rope, m.block_table,
+                                                m.query_start_loc, self.topk_indices_buffer, scale=self.scale,
+                                                query_start_loc_host=m.query_start_loc_host)
         usage.count("attention.ascend_sfa.decode_tokens", m.num_decode_tokens)
         usage.count("attention.ascend_sfa.prefill_tokens", m.num_actual_tokens - m.num_decode_tokens)
         return out, None

@@ -69,8 +69,7 @@ def _quantize_indexer_query(x: torch.Tensor, group_size: int, eps: float = 1e-10
             f"Ascend indexer query quantization: row-major float8_e4m3fn only (got column_major_scales="
             f"{column_major_scales}, tma_aligned_scales={tma_aligned_scales}, out_q="
             f"{'set' if out_q is not None else None}, dtype={dtype})")
-    with usage.timed("kernels.quantize_fp8_groups"):
-        return kernel_ops().quantize_fp8_groups(x, group_size=group_size, pow2_scales=bool(use_ue8m0))
+    return kernel_ops().quantize_fp8_groups(x, group_size=group_size, pow2_scales=bool(use_ue8m0))
 
 
 def _use_ascend_indexer_backend() -> None:
@@ -122,12 +121,10 @@ def register_sparse_indexer() -> bool:
             keys, scales = indexer_views(self.k_cache.kv_cache, self.head_dim)
             ops = kernel_ops()
             if k is not None and not self.skip_k_cache_insert:
-                with usage.timed("kernels.indexer_cache_write"):
-                    ops.indexer_cache_write(k[:n], keys, scales, m.slot_mapping[:n])
-            with usage.timed("kernels.indexer_topk"):
-                topk = ops.indexer_topk(q_quant[:n], weights[:n], keys, scales, m.block_table, m.query_start_loc,
-                                        m.seq_lens, topk=self.topk_tokens, query_start_loc_host=m.query_start_loc_host,
-                                        seq_lens_host=m.seq_lens_host)
+                ops.indexer_cache_write(k[:n], keys, scales, m.slot_mapping[:n])
+            topk = ops.indexer_topk(q_quant[:n], weights[:n], keys, scales, m.block_table, m.query_start_loc,
+                                    m.seq_lens, topk=self.topk_tokens, query_start_loc_host=m.query_start_loc_host,
+                                    seq_lens_host=m.seq_lens_host)
             self.topk_indices_buffer[:n, : self.topk_tokens] = topk
             self.topk_indices_buffer[n: hidden_states.shape[0]] = -1
             usage.count("attention.ascend_sfa.indexed_tokens", n)

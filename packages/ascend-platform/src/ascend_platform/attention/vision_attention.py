@@ -56,9 +56,8 @@ def register_vision_attention() -> bool:
             v = value.reshape(bsz * kv_len, self.num_kv_heads, self.head_size)
             starts = _sequence_offsets(cu_seqlens, bsz, q_len)
             offsets = torch.tensor(starts, dtype=torch.int32, device=q.device)
-            with usage.timed("kernels.vision_attention"):
-                out = kernel_ops().vision_attention(q.contiguous(), k.contiguous(), v.contiguous(), offsets,
-                                                    scale=self.scale, cu_seqlens_host=starts)
+            out = kernel_ops().vision_attention(q.contiguous(), k.contiguous(), v.contiguous(), offsets,
+                                                scale=self.scale, cu_seqlens_host=starts)
             usage.count("attention.ascend.vision.forward")
             return out.view(bsz, q_len, self.num_heads, self.head_size) if is_4d else out.view(bsz, q_len, -1)
 

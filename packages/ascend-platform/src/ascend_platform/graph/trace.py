@@ -7,20 +7,27 @@ Keys: `graph.capture.<MODE>.<tokens>` per graph captured, `graph.replay.<MODE>.<
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from ascend_platform import usage
 
 
+@functools.cache
+def _key(*parts: object) -> str:
+    """A counter's name, built once per distinct value (replays and dispatches happen every step)."""
+    return ".".join(str(part) for part in parts)
+
+
 def captured(mode: Any, num_tokens: int) -> None:
-    usage.count(f"graph.capture.{mode.name}.{num_tokens}")
+    usage.count(_key("graph.capture", mode.name, num_tokens))
 
 
 def replayed(mode: Any, num_tokens: int) -> None:
-    usage.count(f"graph.replay.{mode.name}.{num_tokens}")
+    usage.count(_key("graph.replay", mode.name, num_tokens))
 
 
 def dispatched(kind: str, mode: Any, past_largest: bool) -> None:
-    usage.count(f"graph.dispatch.{kind}.{mode.name}")
+    usage.count(_key("graph.dispatch", kind, mode.name))
     if past_largest:
-        usage.count(f"graph.eager_past_largest.{kind}")
+        usage.count(_key("graph.eager_past_largest", kind))

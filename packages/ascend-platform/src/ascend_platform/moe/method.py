@@ -16,7 +16,6 @@ import torch
 from vllm.model_executor.layers.fused_moe.activation import MoEActivation
 from vllm.model_executor.layers.fused_moe.unquantized_fused_moe_method import UnquantizedFusedMoEMethod
 
-from ascend_platform import usage
 from ascend_platform.facade import kernel_ops
 
 
@@ -47,11 +46,10 @@ class AscendMoEMethod(UnquantizedFusedMoEMethod):
     def apply_experts(self, layer: Any, x: torch.Tensor, topk_weights: torch.Tensor,
                       local_ids: torch.Tensor) -> torch.Tensor:
         """The routed experts' sum for each token (pairs with id -1 belong to other ranks)."""
-        with usage.timed("kernels.fused_moe"):
-            return kernel_ops().fused_moe(x, layer.w13_weight, layer.w2_weight, topk_weights, local_ids,
-                                          w13_bias=getattr(layer, "w13_bias", None) if self.moe.has_bias else None,
-                                          w2_bias=getattr(layer, "w2_bias", None) if self.moe.has_bias else None,
-                                          **_swiglu_limit(self.moe))
+        return kernel_ops().fused_moe(x, layer.w13_weight, layer.w2_weight, topk_weights, local_ids,
+                                      w13_bias=getattr(layer, "w13_bias", None) if self.moe.has_bias else None,
+                                      w2_bias=getattr(layer, "w2_bias", None) if self.moe.has_bias else None,
+                                      **_swiglu_limit(self.moe))
 
     def apply_monolithic(self, layer: Any, x: torch.Tensor, router_logits: torch.Tensor,
                          input_ids: torch.Tensor | None = None) -> torch.Tensor:

@@ -36,10 +36,9 @@ def route(layer: Any, hidden_states: torch.Tensor, router_logits: torch.Tensor) 
                                                      topk=layer.top_k, renormalize=layer.renormalize)
         return weights.float(), ids.to(torch.int32)
     grouped = bool(layer.use_grouped_topk) and (layer.num_expert_group or 1) > 1
-    with usage.timed("kernels.moe_gating_topk"):
-        return kernel_ops().moe_gating_topk(
-            router_logits, layer.top_k, scoring_func=layer.scoring_func, renormalize=bool(layer.renormalize),
-            num_expert_group=layer.num_expert_group if grouped else None,
-            topk_group=layer.topk_group if grouped else None,
-            e_score_correction_bias=layer.e_score_correction_bias,
-            routed_scaling_factor=float(layer.routed_scaling_factor))
+    return kernel_ops().moe_gating_topk(
+        router_logits, layer.top_k, scoring_func=layer.scoring_func, renormalize=bool(layer.renormalize),
+        num_expert_group=layer.num_expert_group if grouped else None,
+        topk_group=layer.topk_group if grouped else None,
+        e_score_correction_bias=layer.e_score_correction_bias,
+        routed_scaling_factor=float(layer.routed_scaling_factor))

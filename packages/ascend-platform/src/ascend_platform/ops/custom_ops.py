@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import torch
 
-from ascend_platform import usage
 from ascend_platform.facade import kernel_ops
 
 _registered = False
@@ -30,22 +29,19 @@ def register_custom_ops() -> bool:
         def forward_oot(self, x: torch.Tensor, residual: torch.Tensor | None = None):
             if self.variance_size_override is not None or not self.has_weight:
                 return self.forward_native(x, residual)
-            with usage.timed("kernels.rms_norm"):
-                return kernel_ops().rms_norm(x, self.weight.data, self.variance_epsilon, residual=residual)
+            return kernel_ops().rms_norm(x, self.weight.data, self.variance_epsilon, residual=residual)
 
     @CustomOp.register_oot(name="SiluAndMul")
     class AscendSiluAndMul(SiluAndMul):
         def forward_oot(self, x: torch.Tensor) -> torch.Tensor:
-            with usage.timed("kernels.silu_and_mul"):
-                return kernel_ops().silu_and_mul(x)
+            return kernel_ops().silu_and_mul(x)
 
     @CustomOp.register_oot(name="RotaryEmbedding")
     class AscendRotaryEmbedding(RotaryEmbedding):
         def forward_oot(self, positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor | None = None):
             cos_sin_cache = self._match_cos_sin_cache_dtype(query)
-            with usage.timed("kernels.rotary_embedding"):
-                return kernel_ops().rotary_embedding(positions, query, key, cos_sin_cache, head_size=self.head_size,
-                                                     rotary_dim=self.rotary_dim, is_neox=self.is_neox_style)
+            return kernel_ops().rotary_embedding(positions, query, key, cos_sin_cache, head_size=self.head_size,
+                                                 rotary_dim=self.rotary_dim, is_neox=self.is_neox_style)
 
     from ascend_platform.attention.sfa_indexer import register_sparse_indexer
     from ascend_platform.attention.vision_attention import register_vision_attention

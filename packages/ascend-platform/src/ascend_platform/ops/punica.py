@@ -19,7 +19,6 @@ from typing import Any
 import torch
 from vllm.lora.punica_wrapper.punica_cpu import PunicaWrapperCPU
 
-from ascend_platform import usage
 from ascend_platform.facade import kernel_ops
 
 
@@ -36,11 +35,9 @@ class AscendPunicaWrapper(PunicaWrapperCPU):
     def _shrink_prefill(self, y: torch.Tensor, x: torch.Tensor, w_t_all: torch.Tensor, scale: float) -> None:
         if self.no_lora:  # no request of the batch has an adapter: the buffer stays zero
             return
-        usage.count("lora.sgmv_shrink")
         kernel_ops().sgmv_shrink(x, w_t_all, y, *_segments(self.prefill_metadata), scale)
 
     def _shrink_decode(self, y: torch.Tensor, x: torch.Tensor, w_t_all: torch.Tensor, scale: float) -> None:
-        usage.count("lora.bgmv_shrink")
         kernel_ops().bgmv_shrink(x, w_t_all, y, self.token_lora_indices, scale)
 
     def _expand_prefill(self, y: torch.Tensor, x: torch.Tensor, w_t_all: torch.Tensor, add_inputs: bool) -> None:
@@ -60,7 +57,6 @@ class AscendPunicaWrapper(PunicaWrapperCPU):
     ) -> None:
         if self.no_lora:
             return
-        usage.count("lora.sgmv_expand")
         kernel_ops().sgmv_expand(x, w_t_all, y, *_segments(self.prefill_metadata), y_offset, y_slice_size, add_inputs)
 
     def _expand_slice_decode(
@@ -72,7 +68,6 @@ class AscendPunicaWrapper(PunicaWrapperCPU):
         y_slice_size: int | None,
         add_inputs: bool,
     ) -> None:
-        usage.count("lora.bgmv_expand")
         kernel_ops().bgmv_expand(x, w_t_all, y, self.token_lora_indices, y_offset, y_slice_size, add_inputs)
 
     def add_lora_logits(
@@ -91,8 +86,6 @@ class AscendPunicaWrapper(PunicaWrapperCPU):
         x = x.view(-1, x.shape[-1])
         if buffer is None:  # float32, as vLLM's wrappers make it
             buffer = torch.zeros((x.size(0), lora_b_stacked.size(-1)), dtype=torch.float32, device=x.device)
-        usage.count("lora.bgmv_shrink")
-        usage.count("lora.bgmv_expand")
         ops = kernel_ops()
         ops.bgmv_shrink(x, lora_a_stacked, buffer, self.sampler_indices, scale)
         ops.bgmv_expand(buffer, lora_b_stacked, y, self.sampler_indices, 0, None, True)

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import torch
 
-from ascend_platform import usage
 from ascend_platform.facade import kernel_ops
 from ascend_platform.patches import REGISTRY
 
@@ -28,14 +27,12 @@ def top_k_top_p(logits: torch.Tensor, k: torch.Tensor | None, p: torch.Tensor | 
     """`apply_top_k_top_p_triton`'s parameters (vLLM's dispatcher passes them in this order)."""
     if mask_value != float("-inf"):
         raise NotImplementedError(f"the top-k/top-p filter masks with -inf only, got mask_value={mask_value}")
-    usage.count("kernels.top_k_top_p")
     return kernel_ops().top_k_top_p(logits, k, p)
 
 
 def top_k_top_p_torch(logits: torch.Tensor, k: torch.Tensor | None, p: torch.Tensor | None,
                       allow_cpu_sync: bool = False) -> torch.Tensor:
     """`apply_top_k_top_p_pytorch`'s parameters (a host sync is never needed here)."""
-    usage.count("kernels.top_k_top_p")
     return kernel_ops().top_k_top_p(logits, k, p)
 
 

@@ -41,9 +41,8 @@ def all_gather_kv(key: torch.Tensor, value: torch.Tensor, group=None) -> torch.T
 def cache_gathered_kv(gathered: torch.Tensor, key_size: int, key_cache: torch.Tensor, value_cache: torch.Tensor,
                       slot_mapping: torch.Tensor) -> None:
     """Write every rank's tokens into this rank's KV replica (slots -1 are padding or another rank's duplicate)."""
-    with usage.timed("kernels.reshape_and_cache"):
-        kernel_ops().reshape_and_cache(gathered[..., :key_size], gathered[..., key_size:], key_cache, value_cache,
-                                       slot_mapping[: gathered.shape[0]])
+    kernel_ops().reshape_and_cache(gathered[..., :key_size], gathered[..., key_size:], key_cache, value_cache,
+                                   slot_mapping[: gathered.shape[0]])
 
 
 def chunk_attention(query: torch.Tensor, gathered: torch.Tensor, key_size: int, key_cache: torch.Tensor,
@@ -55,20 +54,16 @@ def chunk_attention(query: torch.Tensor, gathered: torch.Tensor, key_size: int, 
     usage.count("pcp.attention.chunks", layout.num_prefill_rows)
     qsl_host, ksl_host = list(layout.query_start_loc_host), list(layout.kv_start_loc_host)
     if not layout.has_context:
-        with usage.timed("kernels.attention_with_lse"):
-            ops.attention_with_lse(query, keys, values, layout.query_start_loc, layout.kv_start_loc, scale=scale,
-                                   out=out, query_start_loc_host=qsl_host, kv_start_loc_host=ksl_host)
+        ops.attention_with_lse(query, keys, values, layout.query_start_loc, layout.kv_start_loc, scale=scale,
+                               out=out, query_start_loc_host=qsl_host, kv_start_loc_host=ksl_host)
         return out
-    with usage.timed("kernels.attention_with_lse"):
-        step_out, step_lse = ops.attention_with_lse(query, keys, values, layout.query_start_loc,
-                                                    layout.kv_start_loc, scale=scale, query_start_loc_host=qsl_host,
-                                                    kv_start_loc_host=ksl_host)
-    with usage.timed("kernels.paged_attention_with_lse"):
-        ctx_out, ctx_lse = ops.paged_attention_with_lse(query, key_cache, value_cache, block_table,
-                                                        layout.query_start_loc, layout.context_lens, scale=scale,
-                                                        causal=False, query_start_loc_host=qsl_host,
-                                                        seq_lens_host=list(layout.context_lens_host))
-    with usage.timed("kernels.merge_attention_states"):
-        ops.merge_attention_states([ctx_out, step_out], [ctx_lse, step_lse], out=out)
+    step_out, step_lse = ops.attention_with_lse(query, keys, values, layout.query_start_loc,
+                                                layout.kv_start_loc, scale=scale, query_start_loc_host=qsl_host,
+                                                kv_start_loc_host=ksl_host)
+    ctx_out, ctx_lse = ops.paged_attention_with_lse(query, key_cache, value_cache, block_table,
+                                                    layout.query_start_loc, layout.context_lens, scale=scale,
+                                                    causal=False, query_start_loc_host=qsl_host,
+                                                    seq_lens_host=list(layout.context_lens_host))
+    ops.merge_attention_states([ctx_out, step_out], [ctx_lse, step_lse], out=out)
     usage.count("pcp.attention.merged_chunks", layout.context_rows)
     return out

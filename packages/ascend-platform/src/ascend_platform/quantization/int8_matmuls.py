@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import torch
 
-from ascend_platform import usage
 from ascend_platform.facade import kernel_ops
 
 
@@ -22,10 +21,8 @@ def static_w8a8(x: torch.Tensor, weight: torch.Tensor, input_scale: torch.Tensor
     quant_bias (int32) carries the activation offset's correction, `-offset * rowsum(W)`."""
     ops = kernel_ops()
     rows = _rows(x)
-    with usage.timed("kernels.static_quant"):
-        xq = ops.static_quant(rows, input_scale, input_offset)
-    with usage.timed("kernels.quant_matmul"):
-        out = ops.quant_matmul(xq, weight.t(), deq_scale, bias=quant_bias, output_dtype=x.dtype)
+    xq = ops.static_quant(rows, input_scale, input_offset)
+    out = ops.quant_matmul(xq, weight.t(), deq_scale, bias=quant_bias, output_dtype=x.dtype)
     if bias is not None:
         out = out + bias
     return out.reshape(*x.shape[:-1], weight.shape[0])
@@ -36,19 +33,16 @@ def dynamic_w8a8(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tens
     """Per-token dynamic activations: `(q(x) @ W) * weight_scale * token_scale + bias`."""
     ops = kernel_ops()
     rows = _rows(x)
-    with usage.timed("kernels.dynamic_quant"):
-        xq, token_scale = ops.dynamic_quant(rows)
-    with usage.timed("kernels.quant_matmul"):
-        out = ops.quant_matmul(xq, weight.t(), weight_scale, pertoken_scale=token_scale, bias=bias,
-                               output_dtype=x.dtype)
+    xq, token_scale = ops.dynamic_quant(rows)
+    out = ops.quant_matmul(xq, weight.t(), weight_scale, pertoken_scale=token_scale, bias=bias,
+                           output_dtype=x.dtype)
     return out.reshape(*x.shape[:-1], weight.shape[0])
 
 
 def weight_only_w8(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor,
                    weight_offset: torch.Tensor | None, bias: torch.Tensor | None) -> torch.Tensor:
     """Float activations, int8 weights dequantized per channel: `x @ ((W + offset) * scale) + bias`."""
-    with usage.timed("kernels.weight_quant_matmul"):
-        out = kernel_ops().weight_quant_matmul(_rows(x), weight.t(), weight_scale, weight_offset, bias)
+    out = kernel_ops().weight_quant_matmul(_rows(x), weight.t(), weight_scale, weight_offset, bias)
     return out.reshape(*x.shape[:-1], weight.shape[0])
 
 

@@ -27,7 +27,6 @@ from vllm.model_executor.layers.fused_moe.fused_moe_method_base import FusedMoEM
 from vllm.model_executor.layers.fused_moe.routed_experts import FusedMoeWeightScaleSupported
 from vllm.model_executor.utils import set_weight_attrs
 
-from ascend_platform import usage
 from ascend_platform.facade import kernel_ops
 from ascend_platform.quantization.errors import QuantizationRefusedError
 
@@ -115,11 +114,10 @@ class AscendQuantMoEMethod(FusedMoEMethodBase):
     def apply_experts(self, layer: Any, x: torch.Tensor, topk_weights: torch.Tensor,
                       local_ids: torch.Tensor) -> torch.Tensor:
         """The routed experts' sum for each token (pairs with id -1 belong to other ranks)."""
-        with usage.timed("kernels.fused_moe_quant"):
-            return kernel_ops().fused_moe_quant(
-                x, layer.w13_weight, layer.w2_weight, layer.w13_weight_scale, layer.w2_weight_scale, topk_weights,
-                local_ids, int4=self.int4, w13_bias=getattr(layer, "w13_scale_bias", None) if self.int4 else None,
-                w2_bias=getattr(layer, "w2_scale_bias", None) if self.int4 else None)
+        return kernel_ops().fused_moe_quant(
+            x, layer.w13_weight, layer.w2_weight, layer.w13_weight_scale, layer.w2_weight_scale, topk_weights,
+            local_ids, int4=self.int4, w13_bias=getattr(layer, "w13_scale_bias", None) if self.int4 else None,
+            w2_bias=getattr(layer, "w2_scale_bias", None) if self.int4 else None)
 
     def apply_monolithic(self, layer: Any, x: torch.Tensor, router_logits: torch.Tensor,
                          input_ids: torch.Tensor | None = None) -> torch.Tensor:

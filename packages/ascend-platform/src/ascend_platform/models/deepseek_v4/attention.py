@@ -11,6 +11,7 @@ RoPE values and 8 UE8M0 scale bytes (584 bytes), in pages of vLLM's KV tensor.
 
 from __future__ import annotations
 
+import functools
 from typing import Any, cast
 
 import torch
@@ -25,6 +26,12 @@ from ascend_platform.models.deepseek_v4.slots import paged_slots, window_positio
 
 _ROPE_DIM = 64
 
+
+
+@functools.cache
+def _tokens_counter(compress_ratio: int) -> str:
+    """The per-ratio token counter's name, built once (every layer counts every step)."""
+    return f"attention.ascend_dsa.ratio{compress_ratio}.tokens"
 
 class AscendDeepseekV4Attention(DeepseekV4CPUAttention):
     """One V4 attention layer (sliding window only, or compressed with ratio 4 + indexer, or 128)."""
@@ -58,19 +65,17 @@ class AscendDeepseekV4Attention(DeepseekV4CPUAttention):
             return torch.nn.functional.pad(q, (0, 0, 0, pad)) if pad else q
         swa = attn_metadata[self.swa_cache_layer.prefix]
         cache = self.swa_cache_layer.kv_cache
-        with usage.timed("kernels.dsv4_qnorm_rope_kv_insert"):
-            return kernel_ops().dsv4_qnorm_rope_kv_insert(
-                q, kv, positions, cache.view(cache.shape[0], -1), swa.slot_mapping, self.rotary_emb.cos_sin_cache,
-                self.padded_heads, self.eps, swa.block_size)
+        return kernel_ops().dsv4_qnorm_rope_kv_insert(
+            q, kv, positions, cache.view(cache.shape[0], -1), swa.slot_mapping, self.rotary_emb.cos_sin_cache,
+            self.padded_heads, self.eps, swa.block_size)
 
     def _o_proj(self, o: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         if get_forward_context().attn_metadata is None:
             return torch.zeros((o.shape[0], self.hidden_size), dtype=o.dtype, device=o.device)
         num_tokens = o.shape[0]
-        with usage.timed("kernels.dsv4_inverse_rope_o_proj"):
-            # The output is a weighted sum of rows rotated at their own positions: rotating it back by the query's
-            # position leaves the position-free quantity wo_a was trained on.
-            derotated = kernel_ops().dsv4_inverse_rope_o_proj(o, positions, self.rotary_emb.cos_sin_cache, _ROPE_DIM)
+        # The output is a weighted sum of rows rotated at their own positions: rotating it back by the query's
+        # position leaves the position-free quantity wo_a was trained on.
+        derotated = kernel_ops().dsv4_inverse_rope_o_proj(o, positions, self.rotary_emb.cos_sin_cache, _ROPE_DIM)
         grouped = derotated.reshape(num_tokens, self.n_local_groups, -1).transpose(0, 1)
         weight = self._wo_a_grouped
         z = torch.bmm(grouped.to(weight.dtype), weight.transpose(1, 2))  # [groups, tokens, o_lora_rank]
@@ -96,11 +101,10 @@ class AscendDeepseekV4Attention(DeepseekV4CPUAttention):
             compressed_slots = paged_slots(self._compressed_selection(positions, q.shape[0]), req_idx,
                                            compressed.block_table, compressed_block_size)
             compressed_cache_2d = self.kv_cache.view(self.kv_cache.shape[0], -1)
-        usage.count(f"attention.ascend_dsa.ratio{self.compress_ratio}.tokens", q.shape[0])
-        with usage.timed("kernels.dsv4_sparse_mla_with_kvcache"):
-            kernel_ops().dsv4_sparse_mla_with_kvcache(
-                output, q, window_cache_2d, window_slots, swa.block_size, compressed_cache_2d, compressed_slots,
-                compressed_block_size, self.attn_sink, self.scale)
+        usage.count(_tokens_counter(self.compress_ratio), q.shape[0])
+        kernel_ops().dsv4_sparse_mla_with_kvcache(
+            output, q, window_cache_2d, window_slots, swa.block_size, compressed_cache_2d, compressed_slots,
+            compressed_block_size, self.attn_sink, self.scale)
 
     def _compressed_selection(self, positions: torch.Tensor, num_tokens: int) -> torch.Tensor:
         """Per token, the compressed entries (request-local indices, -1 for none) it attends to: the indexer's

@@ -91,7 +91,7 @@ def _count_batch_kinds(cm: Any, num_decodes: int, num_prefills: int) -> None:
     if num_prefills:
         query_lens = cm.query_start_loc_cpu[1:] - cm.query_start_loc_cpu[:-1]
         context = cm.seq_lens.cpu() - query_lens
-        usage.count("attention.ascend_dsa.context_prefills", int((context[num_decodes:] > 0).sum()))
+        usage.count_on_device("attention.ascend_dsa.context_prefills", context[num_decodes:] > 0)
 
 
 class AscendDSASWABackend(DeepseekSparseSWABackend):

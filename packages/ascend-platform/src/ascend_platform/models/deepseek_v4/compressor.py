@@ -46,8 +46,7 @@ class AscendDeepseekV4Compressor(DeepseekV4CPUCompressor):
         positions = positions[:num_tokens]
         kv, score = kv_score[:num_tokens].split([self.coff * self.head_dim, self.coff * self.head_dim], dim=-1)
         ops = kernel_ops()
-        with usage.timed("kernels.dsv4_save_partial_states"):
-            ops.dsv4_save_partial_states(kv, score, self.ape, positions, self.state_cache.kv_cache, state.slot_mapping)
+        ops.dsv4_save_partial_states(kv, score, self.ape, positions, self.state_cache.kv_cache, state.slot_mapping)
         # The states a completing token folds: its own and the (1 + overlap) * ratio - 1 before it.
         window = (1 + self.overlap) * self.compress_ratio
         covered = positions.unsqueeze(-1) - window + 1 + torch.arange(window, device=positions.device)
@@ -57,10 +56,9 @@ class AscendDeepseekV4Compressor(DeepseekV4CPUCompressor):
         target = metadata[self.k_cache_prefix]
         kv_cache = self._static_forward_context[self.k_cache_prefix].kv_cache
         op = _STATE_WIDTHS[self.head_dim]
-        with usage.timed(f"kernels.{op}"):
-            getattr(ops, op)(self.state_cache.kv_cache, gather_slots, positions, target.slot_mapping,
-                             self._norm_weight_fp32, self.rms_norm_eps, rotary_emb.cos_sin_cache,
-                             kv_cache.view(kv_cache.shape[0], -1), kv_cache.shape[1], self.compress_ratio)
+        getattr(ops, op)(self.state_cache.kv_cache, gather_slots, positions, target.slot_mapping,
+                         self._norm_weight_fp32, self.rms_norm_eps, rotary_emb.cos_sin_cache,
+                         kv_cache.view(kv_cache.shape[0], -1), kv_cache.shape[1], self.compress_ratio)
 
 
 class AscendDeepseekV4Indexer(DeepseekV4CPUIndexer):
@@ -83,10 +81,9 @@ class AscendDeepseekV4Indexer(DeepseekV4CPUIndexer):
         q = self._wq_b_proj(qr, qr_scale).view(-1, self.n_head, self.head_dim)
         q_fp8 = torch.empty(q.shape, dtype=torch.float8_e4m3fn, device=q.device)
         weights = torch.empty(indexer_weights.shape, dtype=torch.float32, device=q.device)
-        with usage.timed("kernels.dsv4_indexer_q_rope_quant"):
-            kernel_ops().dsv4_indexer_q_rope_quant(positions, q.float(), rotary_emb.cos_sin_cache, q_fp8,
-                                                   indexer_weights.float(), self.softmax_scale, self.n_head ** -0.5,
-                                                   weights)
+        kernel_ops().dsv4_indexer_q_rope_quant(positions, q.float(), rotary_emb.cos_sin_cache, q_fp8,
+                                               indexer_weights.float(), self.softmax_scale, self.n_head ** -0.5,
+                                               weights)
         self.compressor(compressed_kv_score, positions, rotary_emb)
         return q_fp8, None, weights
 

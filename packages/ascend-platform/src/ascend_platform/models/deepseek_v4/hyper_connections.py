@@ -13,7 +13,6 @@ from typing import Any
 
 import torch
 
-from ascend_platform import usage
 from ascend_platform.facade import kernel_ops
 
 
@@ -21,23 +20,20 @@ class AscendMHCPre(torch.nn.Module):
     def forward(self, residual: torch.Tensor, fn: torch.Tensor, hc_scale: torch.Tensor, hc_base: torch.Tensor,
                 rms_eps: float, hc_pre_eps: float, hc_sinkhorn_eps: float, hc_post_mult_value: float,
                 sinkhorn_repeat: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        with usage.timed("kernels.dsv4_mhc_pre"):
-            return kernel_ops().dsv4_mhc_pre(residual, fn, hc_scale, hc_base, rms_eps, hc_pre_eps, hc_sinkhorn_eps,
-                                             hc_post_mult_value, sinkhorn_repeat)
+        return kernel_ops().dsv4_mhc_pre(residual, fn, hc_scale, hc_base, rms_eps, hc_pre_eps, hc_sinkhorn_eps,
+                                         hc_post_mult_value, sinkhorn_repeat)
 
 
 class AscendMHCPost(torch.nn.Module):
     def forward(self, x: torch.Tensor, residual: torch.Tensor, post_layer_mix: torch.Tensor,
                 comb_res_mix: torch.Tensor) -> torch.Tensor:
-        with usage.timed("kernels.dsv4_mhc_post"):
-            return kernel_ops().dsv4_mhc_post(x, residual, post_layer_mix, comb_res_mix)
+        return kernel_ops().dsv4_mhc_post(x, residual, post_layer_mix, comb_res_mix)
 
 
 class AscendHCHead(torch.nn.Module):
     def forward(self, hidden_states: torch.Tensor, hc_fn: torch.Tensor, hc_scale: torch.Tensor,
                 hc_base: torch.Tensor, rms_norm_eps: float, hc_eps: float) -> torch.Tensor:
-        with usage.timed("kernels.dsv4_hc_head"):
-            return kernel_ops().dsv4_hc_head(hidden_states, hc_fn, hc_scale, hc_base, rms_norm_eps, hc_eps)
+        return kernel_ops().dsv4_hc_head(hidden_states, hc_fn, hc_scale, hc_base, rms_norm_eps, hc_eps)
 
 
 def adopt_hyper_connections(model: Any) -> None:

@@ -128,6 +128,7 @@ class AscendDeepseekV41Attention(nn.Module, AttentionLayerBase):
         if self.compress_ratio not in (0, 1, 2):
             raise ValueError(f"DeepSeek V4.1 layer {layer_id} has compress_ratio={self.compress_ratio}; only 0 "
                              "(sliding window), 1 and 2 are supported")
+        self._tokens_counter = f"attention.ascend_dsa_v41.ratio{self.compress_ratio}.tokens"
         kv_sources = tuple(getattr(config, "kv_source_layer_ids", None) or ())
         index_sources = tuple(getattr(config, "index_source_layer_ids", None) or ())
         self.candidate_source_layer = getattr(config, "candidate_source_layer_id", -1)
@@ -195,9 +196,8 @@ class AscendDeepseekV41Attention(nn.Module, AttentionLayerBase):
         swa = metadata[self.swa_cache_layer.prefix]
         q = self.wq_b(qr).view(num_tokens, self.n_local_heads, self.head_dim)
         swa_cache = self.swa_cache_layer.kv_cache
-        with usage.timed("kernels.dsv41_q_rope_kv_insert"):
-            q = kernel_ops().dsv41_q_rope_kv_insert(q, kv, positions, swa_cache, swa.slot_mapping,
-                                                    self.rotary_emb.cos_sin_cache, swa.block_size)
+        q = kernel_ops().dsv41_q_rope_kv_insert(q, kv, positions, swa_cache, swa.slot_mapping,
+                                                self.rotary_emb.cos_sin_cache, swa.block_size)
         latent = None
         if self.compressor is not None:
             latent = self.compressor(self.compressor.project(hidden_states), positions)
@@ -226,19 +226,17 @@ class AscendDeepseekV41Attention(nn.Module, AttentionLayerBase):
             compressed_slots = paged_slots(self.topk_indices_buffer[:n], requests, compressed.block_table,
                                            compressed_block_size)
             compressed_cache = self._static_forward_context[self.compressed_cache_prefix].kv_cache
-        usage.count(f"attention.ascend_dsa_v41.ratio{self.compress_ratio}.tokens", n)
-        with usage.timed("kernels.dsv4_sparse_mla_with_kvcache"):
-            kernel_ops().dsv4_sparse_mla_with_kvcache(
-                out[:n], q[:n], window_cache.view(window_cache.shape[0], -1), window_slots, swa.block_size,
-                compressed_cache.view(compressed_cache.shape[0], -1), compressed_slots, compressed_block_size,
-                self.attn_sink, self.scale)
+        usage.count(self._tokens_counter, n)
+        kernel_ops().dsv4_sparse_mla_with_kvcache(
+            out[:n], q[:n], window_cache.view(window_cache.shape[0], -1), window_slots, swa.block_size,
+            compressed_cache.view(compressed_cache.shape[0], -1), compressed_slots, compressed_block_size,
+            self.attn_sink, self.scale)
 
     def _o_proj(self, o: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         num_tokens = o.shape[0]
-        with usage.timed("kernels.dsv4_inverse_rope_o_proj"):
-            # The output is a weighted sum of rows rotated at their own positions: rotating it back by the query's
-            # position leaves the position-free quantity wo_a was trained on.
-            derotated = kernel_ops().dsv4_inverse_rope_o_proj(o, positions, self.rotary_emb.cos_sin_cache, _ROPE_DIM)
+        # The output is a weighted sum of rows rotated at their own positions: rotating it back by the query's
+        # position leaves the position-free quantity wo_a was trained on.
+        derotated = kernel_ops().dsv4_inverse_rope_o_proj(o, positions, self.rotary_emb.cos_sin_cache, _ROPE_DIM)
         grouped = derotated.reshape(num_tokens, self.n_local_groups, -1).transpose(0, 1)
         k_dim = self.n_local_heads // self.n_local_groups * self.head_dim
         weight = self.wo_a.weight.view(self.n_local_groups, self.o_lora_rank, k_dim)

@@ -34,6 +34,7 @@ class AscendDeepseekV41Compressor(nn.Module):
             raise NotImplementedError(f"DeepSeek V4.1 compresses at ratio 1 or 2, got {compress_ratio}")
         config = vllm_config.model_config.hf_config
         self.compress_ratio, self.head_dim, self.prefix = compress_ratio, head_dim, prefix
+        self._rows_counter = f"attention.ascend_dsa_v41.compressed_rows.ratio{compress_ratio}"
         self.k_cache_prefix = k_cache_prefix
         self.rms_norm_eps = config.rms_norm_eps
         sizes = [head_dim, head_dim] if compress_ratio > 1 else [head_dim]
@@ -66,10 +67,9 @@ class AscendDeepseekV41Compressor(nn.Module):
             query_start_loc, token_to_req = ring.query_start_loc, ring.token_to_req_indices
         latent = torch.zeros((kv_score.shape[0], self.head_dim), dtype=self.norm.weight.dtype,
                              device=kv_score.device)
-        with usage.timed("kernels.dsv41_save_compress_norm"):
-            kernel_ops().dsv41_save_compress_norm(kv_score, positions, state_cache, slot_mapping, query_start_loc,
-                                                  token_to_req, self.norm.weight, self.rms_norm_eps,
-                                                  self.compress_ratio, latent)
+        kernel_ops().dsv41_save_compress_norm(kv_score, positions, state_cache, slot_mapping, query_start_loc,
+                                              token_to_req, self.norm.weight, self.rms_norm_eps,
+                                              self.compress_ratio, latent)
         return latent
 
     def insert_cache(self, latent: torch.Tensor | None, positions: torch.Tensor, rotary_emb: Any) -> None:
@@ -79,9 +79,7 @@ class AscendDeepseekV41Compressor(nn.Module):
         metadata = get_forward_context().attn_metadata
         target = metadata[self.k_cache_prefix]
         cache = self._static_forward_context[self.k_cache_prefix].kv_cache
-        with usage.timed("kernels.dsv41_rope_quant_insert"):
-            kernel_ops().dsv41_rope_quant_insert(latent, positions, rotary_emb.cos_sin_cache, cache,
-                                                 target.slot_mapping, self.compress_ratio)
-        usage.count(f"attention.ascend_dsa_v41.compressed_rows.ratio{self.compress_ratio}",
-                    int(((target.slot_mapping >= 0) & ((positions[: target.slot_mapping.numel()] + 1)
-                                                         % self.compress_ratio == 0)).sum()))
+        kernel_ops().dsv41_rope_quant_insert(latent, positions, rotary_emb.cos_sin_cache, cache,
+                                             target.slot_mapping, self.compress_ratio)
+        usage.count_on_device(self._rows_counter, (target.slot_mapping >= 0)
+                              & ((positions[: target.slot_mapping.numel()] + 1) % self.compress_ratio == 0))

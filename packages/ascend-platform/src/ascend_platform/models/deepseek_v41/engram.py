@@ -54,8 +54,7 @@ class AscendEngramTable(nn.Module):
     def forward(self, hash_ids: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
         """[T, cols] bucket ids -> [T, cols, dim] dequantized rows."""
         out = torch.empty(*hash_ids.shape, self.weight.shape[1], dtype=out_dtype, device=hash_ids.device)
-        with usage.timed("kernels.dsv41_engram_lookup"):
-            return kernel_ops().dsv41_engram_lookup(self.weight, self.weight_scale_inv, hash_ids, out)
+        return kernel_ops().dsv41_engram_lookup(self.weight, self.weight_scale_inv, hash_ids, out)
 
 
 class AscendEngram(nn.Module):
@@ -81,8 +80,7 @@ class AscendEngram(nn.Module):
         rows = self.embed_tokens(hash_ids, residual.dtype)
         kv = self.wkv(rows.flatten(1))
         usage.count("dsv41.engram_layer_calls")
-        with usage.timed("kernels.dsv41_engram_gate"):
-            return kernel_ops().dsv41_engram_gate(residual, kv, self.q_weight, self.k_weight, None, self.eps)
+        return kernel_ops().dsv41_engram_gate(residual, kv, self.q_weight, self.k_weight, None, self.eps)
 
 
 class AscendNgramHash(nn.Module):
@@ -116,10 +114,9 @@ class AscendNgramHash(nn.Module):
         `lookback_token_ids` (MRV2) or the slot-keyed `history` through the first layer's `block_table` (V1)."""
         cache = history.ids if history is not None else None
         block_size = history.block_size if history is not None else 1
-        with usage.timed("kernels.dsv41_engram_hash"):
-            return kernel_ops().dsv41_engram_hash(input_ids, self.token_map, None, positions, block_table,
-                                                  query_start_loc, self.multipliers, self.primes, self.offsets,
-                                                  cache, lookback_token_ids, None, self.pad_id, block_size)
+        return kernel_ops().dsv41_engram_hash(input_ids, self.token_map, None, positions, block_table,
+                                              query_start_loc, self.multipliers, self.primes, self.offsets,
+                                              cache, lookback_token_ids, None, self.pad_id, block_size)
 
 
 class HashHistory:
@@ -143,6 +140,5 @@ class HashHistory:
             self.ids = torch.zeros(kv_cache.shape[0] * self.block_size, dtype=torch.int32, device=input_ids.device)
             self._bound_to = kv_cache.data_ptr()
         usage.count("dsv41.engram_slot_history_writes")
-        with usage.timed("kernels.dsv41_engram_write_hash_cache"):
-            kernel_ops().dsv41_engram_write_hash_cache(input_ids, token_map, None,
-                                                       swa_metadata.slot_mapping[:input_ids.shape[0]], self.ids)
+        kernel_ops().dsv41_engram_write_hash_cache(input_ids, token_map, None,
+                                                   swa_metadata.slot_mapping[:input_ids.shape[0]], self.ids)

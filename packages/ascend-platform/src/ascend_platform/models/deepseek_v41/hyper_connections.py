@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import torch
 
-from ascend_platform import usage
 from ascend_platform.facade import kernel_ops
 
 
@@ -20,16 +19,13 @@ def mhc_pre_delayed(residual: torch.Tensor, fn: torch.Tensor, hc_scale: torch.Te
                     pre_mix: torch.Tensor | None = None, x: torch.Tensor | None = None,
                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """(post [T,hc,1], comb [T,hc,hc], un-normed layer input [T,H], this sublayer's pre-mix [T,hc])."""
-    with usage.timed("kernels.dsv41_mhc_pre_delayed"):
-        return kernel_ops().dsv41_mhc_pre_delayed(residual, fn, hc_scale, hc_base, rms_eps, hc_eps, hc_eps,
-                                                  hc_post_alpha, sinkhorn_iters, pre_mix, x)
+    return kernel_ops().dsv41_mhc_pre_delayed(residual, fn, hc_scale, hc_base, rms_eps, hc_eps, hc_eps,
+                                              hc_post_alpha, sinkhorn_iters, pre_mix, x)
 
 
 def mhc_post(x: torch.Tensor, residual: torch.Tensor, post_mix: torch.Tensor, comb_mix: torch.Tensor) -> torch.Tensor:
-    with usage.timed("kernels.dsv4_mhc_post"):
-        return kernel_ops().dsv4_mhc_post(x, residual, post_mix, comb_mix)
+    return kernel_ops().dsv4_mhc_post(x, residual, post_mix, comb_mix)
 
 
 def hc_collapse(residual: torch.Tensor, pre_mix: torch.Tensor) -> torch.Tensor:
-    with usage.timed("kernels.dsv41_hc_collapse"):
-        return kernel_ops().dsv41_hc_collapse(residual, pre_mix)
+    return kernel_ops().dsv41_hc_collapse(residual, pre_mix)

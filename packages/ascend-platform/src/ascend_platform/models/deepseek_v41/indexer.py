@@ -66,11 +66,10 @@ class AscendDeepseekV41Indexer(nn.Module):
             return
         k_pre, _ = self.wk(latent)
         cache = self.index_cache
-        with usage.timed("kernels.dsv41_indexer_k_norm_rope_store"):
-            kernel_ops().dsv41_indexer_k_norm_rope_store(k_pre, positions, rotary_emb.cos_sin_cache,
-                                                         self.k_norm.weight, self.k_norm.variance_epsilon,
-                                                         cache.kv_cache, metadata[cache.prefix].slot_mapping,
-                                                         self.compress_ratio)
+        kernel_ops().dsv41_indexer_k_norm_rope_store(k_pre, positions, rotary_emb.cos_sin_cache,
+                                                     self.k_norm.weight, self.k_norm.variance_epsilon,
+                                                     cache.kv_cache, metadata[cache.prefix].slot_mapping,
+                                                     self.compress_ratio)
 
     def forward(self, qr: torch.Tensor, latent: torch.Tensor | None, indexer_weights: torch.Tensor,
                 positions: torch.Tensor, rotary_emb: Any) -> None:
@@ -95,22 +94,19 @@ class AscendDeepseekV41Indexer(nn.Module):
         q_fp8 = torch.empty((n, self.n_head, self.head_dim), dtype=torch.float8_e4m3fn, device=q.device)
         weights = torch.empty((n, self.n_head), dtype=torch.float32, device=q.device)
         ops = kernel_ops()
-        with usage.timed("kernels.dsv4_indexer_q_rope_quant"):
-            ops.dsv4_indexer_q_rope_quant(positions[:n], q.float(), rotary_emb.cos_sin_cache, q_fp8,
-                                          indexer_weights.float(), self.softmax_scale, self.n_head ** -0.5, weights)
+        ops.dsv4_indexer_q_rope_quant(positions[:n], q.float(), rotary_emb.cos_sin_cache, q_fp8,
+                                      indexer_weights.float(), self.softmax_scale, self.n_head ** -0.5, weights)
         buffer[:n] = -1
         max_len = int(lens.max()) if n else 0
         if max_len == 0:
             return
         k_cache = cache.kv_cache
         page_table = m.block_table[m.token_to_req_indices[:n].long()]
-        with usage.timed("kernels.dsv4_fp8_paged_mqa_logits"):
-            logits = ops.dsv4_fp8_paged_mqa_logits(q_fp8, k_cache.view(k_cache.shape[0], -1), weights, lens,
-                                                   page_table, k_cache.shape[1], max_len)
+        logits = ops.dsv4_fp8_paged_mqa_logits(q_fp8, k_cache.view(k_cache.shape[0], -1), weights, lens,
+                                               page_table, k_cache.shape[1], max_len)
         logits = self._filter_candidates(logits, lens)
         pages = torch.empty((n, topk), dtype=torch.int32, device=q.device)
-        with usage.timed("kernels.dsv4_topk_transform"):
-            ops.dsv4_topk_transform(logits, lens, page_table, pages, k_cache.shape[1], buffer[:n, :topk])
+        ops.dsv4_topk_transform(logits, lens, page_table, pages, k_cache.shape[1], buffer[:n, :topk])
         usage.count("attention.ascend_dsa_v41.indexed_tokens", n)
 
     def _filter_candidates(self, logits: torch.Tensor, lens: torch.Tensor) -> torch.Tensor:
@@ -123,11 +119,9 @@ class AscendDeepseekV41Indexer(nn.Module):
         candidates = self.candidate_block_buffer[:n]
         ops = kernel_ops()
         if self.candidate_write:
-            with usage.timed("kernels.dsv41_select_candidate_blocks"):
-                ops.dsv41_select_candidate_blocks(logits, None, lens, candidates.shape[1], self.candidate_block_size,
-                                                  candidates)
+            ops.dsv41_select_candidate_blocks(logits, None, lens, candidates.shape[1], self.candidate_block_size,
+                                              candidates)
             return logits
-        with usage.timed("kernels.dsv41_apply_candidate_mask"):
-            ops.dsv41_apply_candidate_mask(logits, None, lens, candidates, self.candidate_block_size)
+        ops.dsv41_apply_candidate_mask(logits, None, lens, candidates, self.candidate_block_size)
         usage.count("attention.ascend_dsa_v41.candidate_filtered_tokens", n)
         return logits

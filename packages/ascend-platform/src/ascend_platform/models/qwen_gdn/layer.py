@@ -103,7 +103,7 @@ def ascend_gdn_attention_core(mixed_qkv: torch.Tensor, b: torch.Tensor, a: torch
         core_attn_out[decode_tokens:end] = ops.chunk_gated_delta_rule(q, k, v, g, beta, ssm_states, prefill_starts,
                                                                       slots[seqs], initial, scale)
         usage.count("gdn.prefill_tokens", meta.num_prefill_tokens)
-        usage.count("gdn.prefill_resumed", int(initial.sum()))
+        usage.count_on_device("gdn.prefill_resumed", initial)
 
 
 direct_register_custom_op(

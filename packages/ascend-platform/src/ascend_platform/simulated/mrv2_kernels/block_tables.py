@@ -56,7 +56,6 @@ class SimulatedBlockTables(BlockTables):
             if not self._slot_mapping_enabled[group]:
                 slot_mappings[group].fill_(PAD_SLOT)
                 continue
-            with usage.timed("kernels.compute_slot_mapping"):
-                ops.compute_slot_mapping(table.gpu, idx_mapping, query_start_loc, positions,
-                                         self.block_sizes[group], out=slot_mappings[group])
+            ops.compute_slot_mapping(table.gpu, idx_mapping, query_start_loc, positions,
+                                     self.block_sizes[group], out=slot_mappings[group])
         return slot_mappings[:, :num_tokens_padded]

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import torch
 
-from ascend_platform import usage
 from ascend_platform.facade import kernel_ops
 from ascend_platform.simulated.mrv2_kernels.common import flat, rows_of, unpack_bits
 
@@ -34,9 +33,8 @@ def gumbel_sample(local_argmax_ptr, local_argmax_stride, local_max_ptr, local_ma
     temperature = torch.where(valid, flat(temp_ptr)[safe].float(), torch.zeros((), dtype=torch.float32))
     seeds = torch.where(valid, flat(seeds_ptr)[safe].long(), torch.zeros((), dtype=torch.long))
     positions = pos_ptr.long() + (_DRAFT_NOISE_SALT if IS_DRAFTING else 0)
-    with usage.timed("kernels.gumbel_sample"):
-        sampled = kernel_ops().gumbel_sample(logits_ptr[:, :vocab_size], temperature, seeds, positions,
-                                             apply_temperature=bool(APPLY_TEMPERATURE), fp64=bool(USE_FP64))
+    sampled = kernel_ops().gumbel_sample(logits_ptr[:, :vocab_size], temperature, seeds, positions,
+                                         apply_temperature=bool(APPLY_TEMPERATURE), fp64=bool(USE_FP64))
     local_argmax_ptr[:, 0] = sampled
     local_max_ptr[:, 0] = 0.0
     local_max_ptr[:, 1:] = float("-inf")
@@ -45,15 +43,13 @@ def gumbel_sample(local_argmax_ptr, local_argmax_stride, local_max_ptr, local_ma
 def topk_log_softmax(output_ptr, logits_ptr, logits_stride, topk_ids_ptr, topk_ids_stride, topk, vocab_size,
                      BLOCK_SIZE=None, TOPK_BLOCK_SIZE=None, **_launch):
     """`_topk_log_softmax_kernel`: log-probabilities of the requested token ids per row."""
-    with usage.timed("kernels.gather_logprobs"):
-        logprobs = kernel_ops().gather_logprobs(logits_ptr[:, :vocab_size], topk_ids_ptr[:, :topk])
+    logprobs = kernel_ops().gather_logprobs(logits_ptr[:, :vocab_size], topk_ids_ptr[:, :topk])
     output_ptr.view(logits_ptr.shape[0], topk).copy_(logprobs)
 
 
 def ranks(output_ptr, logits_ptr, logits_stride, token_ids_ptr, vocab_size, BLOCK_SIZE=None, **_launch):
     """`_ranks_kernel`: rank of each row's sampled token."""
-    with usage.timed("kernels.token_ranks"):
-        output_ptr.copy_(kernel_ops().token_ranks(logits_ptr[:, :vocab_size], token_ids_ptr.view(-1)))
+    output_ptr.copy_(kernel_ops().token_ranks(logits_ptr[:, :vocab_size], token_ids_ptr.view(-1)))
 
 
 def temperature(logits_ptr, logits_stride, expanded_idx_mapping_ptr, temperature_ptr, vocab_size, BLOCK_SIZE=None,
