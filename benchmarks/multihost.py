@@ -9,10 +9,12 @@ joined by a veth link rate-limited with `tc tbf` (default 5 Gbit/s), Mooncake ov
 - ttft_ratio: time to first token of a 2000-token prompt disaggregated across the hosts (prefill leg + decode's first
   token) over the same prompt length on one engine alone (the prefill engine), our connector.
 
-No delay is applied: this kernel has no netem, so the 2 ms RTT of the issue is not emulated. Prints logs to stderr and
-ONE JSON object as the last line of stdout. Root needed.
+`--delay-ms D` holds every packet on the prefill-decode link D ms each way (a round trip of 2D; `Link.delay`, a TUN
+delay line, since this kernel has no netem). The delay line is a Python process: it carries some hundreds of MiB/s at
+most, far under 5 Gbit/s, so with a delay the link's speed is the delay line's and both sides of each ratio share it.
+Prints logs to stderr and ONE JSON object as the last line of stdout. Root needed.
 
-    python benchmarks/multihost.py [--rate 5gbit] [--repeats 5] [--requests 8] [--skip-engines]
+    python benchmarks/multihost.py [--rate 5gbit] [--delay-ms 1] [--repeats 5] [--requests 8] [--skip-engines]
 """
 
 from __future__ import annotations
@@ -143,6 +145,8 @@ def _median_after_warmup(xs: list[float]) -> float | None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rate", default="5gbit", help="tc tbf rate of every link (tc's syntax)")
+    parser.add_argument("--delay-ms", type=float, default=0.0,
+                        help="one-way delay on the prefill-decode link in ms (a round trip gains twice that)")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--requests", type=int, default=8, help="decode requests per connector (first is warm-up)")
     parser.add_argument("--skip-engines", action="store_true", help="only the synthetic throughput part")
@@ -160,12 +164,17 @@ def main() -> int:
 
     from ascend_testkit.hosts import Topology, rate_bits_per_s
 
-    result: dict = {"rate": args.rate, "rtt_delay_ms": None}
+    if args.delay_ms < 0:
+        parser.error(f"--delay-ms must be >= 0, got {args.delay_ms}")
+    result: dict = {"rate": args.rate, "rtt_delay_ms": 2 * args.delay_ms or None}
     with (
         tempfile.TemporaryDirectory(prefix="multihost-bench-") as tmp,
         Topology(["prefill", "decode"], rate=args.rate) as topo,
     ):
         logdir = Path(tmp)
+        if args.delay_ms:
+            topo.link("prefill", "decode").delay(args.delay_ms / 1000)
+            log(f"the prefill-decode link holds packets {args.delay_ms} ms each way")
         log(f"synthetic: {LAYERS} layers x {BLOCKS} blocks x 64 KiB pulled across hosts over a {args.rate} link")
         syn = run_synthetic(topo, args.repeats, logdir)
         result.update(syn)

@@ -4,6 +4,9 @@ address. Answers equal the single engine's greedy tokens (the prefill server ser
 advertises its own host's address, the decode server took every prompt token's KV from the remote host, and the KV
 bytes crossed the prefill-decode link.
 
+Then the prefill-decode link delayed (a 2 ms round trip, `Link.delay`): answers stay the single engine's with every
+prompt token's KV pulled over it.
+
 Last (the servers are shared in file order): the prefill-decode link cut while a request crosses it (`ip link set
 ... down` on both ends), then restored. The link is first rate-limited so the KV pull of a ~500-token prompt takes
 seconds; the cut lands once part of the prompt's KV has crossed (the link's byte counter). The request ends with the
@@ -99,6 +102,51 @@ def test_streamed_chat_across_hosts_equals_a_single_engines(serving):
     text = "".join(chunk.choices[0].delta.content or "" for chunk in stream if chunk.choices)
     assert text == single.choices[0].message.content
     assert json.dumps(text)  # a real string came back
+
+
+# Each direction of the delayed link holds packets this long (`Link.delay`, a TUN delay line: no netem here).
+ONE_WAY_DELAY_S = 0.001
+# The smallest of a few TCP connects from the decode host to the prefill's side channel: one round trip.
+_CONNECT_RTT = """
+import socket, sys, time
+best = float("inf")
+for _ in range(10):
+    t0 = time.perf_counter()
+    socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=5).close()
+    best = min(best, time.perf_counter() - t0)
+print(best)
+"""
+
+
+def _round_trip_s(serving) -> float:
+    import sys
+
+    out = serving.topo["decode"].run([sys.executable, "-c", _CONNECT_RTT, serving.topo["prefill"].address, "30300"],
+                                     timeout=30)
+    return float(out)
+
+
+def test_a_delayed_link_keeps_pd_equal_to_the_single_engine(serving):
+    """The prefill-decode link with a 2 ms round trip (1 ms each way): every request still equals the single
+    engine's tokens with all its prompt KV pulled over the link, and the delay goes when it is removed."""
+    link = serving.topo.link("prefill", "decode")
+    direct, routed = serving.client(serving.prefill), serving.client(serving.router)
+    assert _round_trip_s(serving) < 2 * ONE_WAY_DELAY_S  # the veth link alone
+    link.delay(ONE_WAY_DELAY_S)
+    try:
+        rtt = _round_trip_s(serving)
+        assert rtt >= 2 * ONE_WAY_DELAY_S, rtt
+        before = serving.decode.kv_received_tokens()
+        for n in LENGTHS:
+            prompt = prompt_of_length(n, offset=7000 + n)
+            via_router = routed.completions.create(model="tiny", prompt=prompt, **GREEDY)
+            single = direct.completions.create(model="tiny", prompt=prompt, **GREEDY)
+            assert via_router.choices[0].text == single.choices[0].text, n
+        assert serving.decode.kv_received_tokens() - before == sum(LENGTHS)  # pulled, none recomputed
+    finally:
+        link.delay(None)
+    assert _round_trip_s(serving) < 2 * ONE_WAY_DELAY_S
+    print(f"round trip over the delayed link: {rtt * 1e3:.2f} ms")
 
 
 

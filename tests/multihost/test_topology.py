@@ -1,5 +1,6 @@
 """The testkit's hosts (`ascend_testkit.hosts`): three namespaces, a-b and b-c linked, a-c not. A TCP connection goes
-over a link and nowhere else, a cut link refuses until it is restored, and a rate-limited link keeps its rate."""
+over a link and nowhere else, a cut link refuses until it is restored, a rate-limited link keeps its rate, and a
+delayed link adds its round trip (a TUN delay line: this kernel has no netem) until the delay is removed."""
 
 from __future__ import annotations
 
@@ -118,3 +119,63 @@ def test_rate_limited_link_keeps_its_rate(topo):
     finally:
         link.limit(None)
         srv.close()
+
+
+PROBE_PORT = PORT + 1  # a listener nobody accepts on: the kernel completes each probe's handshake (backlog 128)
+
+
+def _round_trip_s(src, dst, tries: int = 10) -> float:
+    """The fastest of `tries` TCP connects from src to dst's probe listener: one round trip each."""
+    best = float("inf")
+    for _ in range(tries):
+        with inside(src):
+            t0 = time.perf_counter()
+            socket.create_connection((dst.address, PROBE_PORT), timeout=5).close()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def test_delayed_link_adds_its_round_trip_carries_data_and_is_removed(topo):
+    link = topo.link("a", "b")
+    srv = _listen(topo["b"])
+    with inside(topo["b"]):
+        probes = socket.create_server((topo["b"].address, PROBE_PORT))
+    accepted = []
+
+    def accept(n: int) -> None:
+        for _ in range(n):
+            conn, _ = srv.accept()
+            with conn:
+                data = b""
+                while chunk := conn.recv(1 << 16):
+                    data += chunk
+                accepted.append(data)
+
+    try:
+        assert _round_trip_s(topo["a"], topo["b"]) < 0.002
+        link.delay(0.0025)  # each way
+        assert sorted(topo["a"].interfaces()) == ["dl-b", "lo", "to-b"]
+        assert _round_trip_s(topo["a"], topo["b"]) >= 0.005
+        reader = threading.Thread(target=accept, args=(1,))
+        reader.start()
+        payload = bytes(range(256)) * 4096  # 1 MiB, in order and whole through the delay line
+        with inside(topo["a"]):
+            conn = socket.create_connection((topo["b"].address, PORT), timeout=5)
+        with conn:
+            conn.sendall(payload)
+        reader.join(timeout=30)
+        assert accepted == [payload]
+        assert _connect(topo["c"], topo["b"]) == "ok" and _round_trip_s(topo["c"], topo["b"]) < 0.005  # not b-c
+        link.down()  # a cut delayed link refuses like any other, and comes back delayed
+        assert _connect(topo["a"], topo["b"], timeout=1.0) != "ok"
+        link.up()
+        assert _round_trip_s(topo["a"], topo["b"]) >= 0.005
+    finally:
+        link.up()
+        link.delay(None)
+    try:
+        assert sorted(topo["a"].interfaces()) == ["lo", "to-b"]  # the delay line's device went with it
+        assert _round_trip_s(topo["a"], topo["b"]) < 0.002
+    finally:
+        srv.close()
+        probes.close()

@@ -72,13 +72,36 @@ def test_short_memory_retires_the_least_recently_used_idle_host_first(tmp_path, 
         older, newer = pool.get("older", lane="cpu", runner="v1"), pool.get("newer", lane="cpu", runner="v1")
         older.call("stop")
         newer.call("stop")  # used last
+        monkeypatch.setattr(pool_module, "available_bytes", lambda: 1 << 20)
+        assert pool_module.make_room(2 << 30) == []  # both used just now: part of the running test
+        older.last_used -= 2 * pool_module.RECENT_S
+        newer.last_used -= pool_module.RECENT_S + 1
         readings = [1 << 20]  # short once, then plenty: one host is enough
         monkeypatch.setattr(pool_module, "available_bytes", lambda: readings.pop() if readings else 64 << 30)
         assert pool_module.make_room(2 << 30) == ["older"]
         assert older.retired and newer.alive and pool.retirements == ["older"]
         assert pool.get("older", lane="cpu", runner="v1") is older  # the same host, back on its next command
-        assert older.call("stop") is None and older.alive
+        assert older.call("stop") is None and older.alive and older.spawns == 2
+        older.last_used -= 2 * pool_module.RECENT_S
         monkeypatch.setattr(pool_module, "available_bytes", lambda: 1 << 20)
         assert pool_module.make_room(2 << 30, keep=older) == ["newer"]  # never the host about to start an engine
+        assert "2 engine hosts; 2 retired while idle (to hold memory), 1 brought back" in pool.summary()
+    finally:
+        assert pool.close() == []
+
+
+def test_idle_hosts_beyond_the_kept_number_are_retired_stalest_first(tmp_path, monkeypatch):
+    from ascend_testkit.engine import pool as pool_module
+
+    pool = pool_module.HostPool(tmp_path)
+    try:
+        hosts = [pool.get(f"h{i}", lane="cpu", runner="v1") for i in range(3)]
+        for i, host in enumerate(hosts):
+            host.call("stop")
+            host.last_used -= 10 * pool_module.RECENT_S - i  # h0 stalest
+        monkeypatch.setattr(pool_module, "available_bytes", lambda: 64 << 30)  # memory is not the reason
+        monkeypatch.setenv("ASCEND_TESTKIT_IDLE_HOSTS", "1")
+        assert pool_module.make_room() == ["h0", "h1"]
+        assert [h.alive for h in hosts] == [False, False, True]
     finally:
         assert pool.close() == []

@@ -4,7 +4,8 @@ Each host is a `LoopbackNamespace` (its holder process keeps it alive; `nsenter`
 address. A link is a veth pair between two hosts; every host carries its one address (a /32) on each of its links
 and a host route to each peer over that peer's link, so hosts reach exactly the hosts they are linked to, and
 cutting one link (`ip link set ... down`) leaves the others alone. A link takes an optional `tc tbf` rate limit on
-both ends. Delay is not offered: this kernel has no netem (a relay process would be needed).
+both ends, and a delay: this kernel has no netem, so `Link.delay` routes each end's traffic to the peer through a
+TUN device whose process (`ascend_testkit.delay_line`) holds every packet, then sends it out of the veth end.
 
 Nothing here touches the machine's own namespace: the veth pair is created inside the first host's namespace with
 its peer end moved straight into the second's. Needs root.
@@ -13,7 +14,9 @@ its peer end moved straight into the second's. Needs root.
 from __future__ import annotations
 
 import json
+import select
 import subprocess
+import sys
 from dataclasses import dataclass, field
 
 from ascend_testkit.netns import LoopbackNamespace, NetnsUnavailableError
@@ -74,10 +77,57 @@ class Link:
     a: Host
     b: Host
     rate: str | None = None
+    delay_s: float | None = None  # one way, each direction (`delay`)
+    _delay_lines: list[subprocess.Popen] = field(default_factory=list, repr=False)
 
     @property
     def ends(self) -> tuple[tuple[Host, str, Host], tuple[Host, str, Host]]:
         return (self.a, self.a.links[self.b.name], self.b), (self.b, self.b.links[self.a.name], self.a)
+
+    def _route(self, host: Host, dev: str, peer: Host) -> None:
+        """The host route to the peer: into the delay line's TUN device while the link is delayed, else the veth."""
+        via = _tun_name(peer) if self.delay_s else dev
+        host.run(["ip", "route", "replace", f"{peer.address}/32", "dev", via, "src", host.address])
+
+    def delay(self, seconds: float | None, timeout_s: float = 10.0) -> None:
+        """Hold every packet `seconds` in each direction (a round trip gains twice that); None removes the delay.
+        Rate limits still apply: the delayed frames leave through the veth end's queue."""
+        if seconds is not None and seconds < 0:
+            raise TopologyError(f"delay must be >= 0 s, got {seconds}")
+        self._stop_delay_lines()
+        self.delay_s = seconds or None
+        if self.delay_s is None:
+            for host, dev, peer in self.ends:
+                self._route(host, dev, peer)
+            return
+        for host, dev, peer in self.ends:
+            peer_dev = peer.links[host.name]
+            peer_mac = json.loads(peer.run(["ip", "-j", "link", "show", "dev", peer_dev]))[0]["address"]
+            mtu = json.loads(host.run(["ip", "-j", "link", "show", "dev", dev]))[0]["mtu"]
+            tun = _tun_name(peer)
+            proc = host.popen([sys.executable, "-m", "ascend_testkit.delay_line", "--tun", tun, "--out", dev,
+                               "--peer-mac", peer_mac, "--delay-s", repr(self.delay_s)],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+            self._delay_lines.append(proc)
+            ready, _, _ = select.select([proc.stdout], [], [], timeout_s)
+            line = proc.stdout.readline() if ready else b""
+            if line.strip() != b"ready":
+                self._stop_delay_lines()
+                err = proc.stderr.read().decode(errors="replace").strip() if proc.poll() is not None else ""
+                raise TopologyError(f"{host.name}: the delay line towards {peer.name} did not start within "
+                                    f"{timeout_s:g} s: {err or line!r}")
+            host.run(["ip", "link", "set", tun, "mtu", str(mtu), "up"])
+            self._route(host, dev, peer)
+
+    def _stop_delay_lines(self) -> None:
+        for proc in self._delay_lines:
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait(timeout=10)
+            for stream in (proc.stdin, proc.stdout, proc.stderr):
+                if stream is not None:
+                    stream.close()
+        self._delay_lines.clear()
 
     def down(self) -> None:
         """Cut the link (both ends down: no carrier; packets in flight are lost, TCP peers see silence)."""
@@ -89,7 +139,7 @@ class Link:
         for host, dev, _ in self.ends:
             host.run(["ip", "link", "set", dev, "up"])
         for host, dev, peer in self.ends:
-            host.run(["ip", "route", "replace", f"{peer.address}/32", "dev", dev, "src", host.address])
+            self._route(host, dev, peer)
 
     def limit(self, rate: str | None) -> None:
         """`tc tbf` at `rate` (tc's syntax: "5gbit", "800mbit") on both ends' egress; None removes the limit."""
@@ -124,6 +174,10 @@ class Link:
 
     def is_up(self) -> bool:
         return all("LOWER_UP" in host.run(["ip", "link", "show", dev]) for host, dev, _ in self.ends)
+
+
+def _tun_name(peer: Host) -> str:
+    return f"dl-{peer.name}"[:15]
 
 
 def tbf_burst_bytes(rate: str) -> int:
@@ -196,7 +250,9 @@ class Topology:
             link.limit(rate)
 
     def close(self) -> None:
-        """End every host's namespace (its veth ends go with it)."""
+        """End every host's namespace (its veth ends go with it) and every delay line."""
+        for link in self._links.values():
+            link._stop_delay_lines()
         for host in self.hosts.values():
             host.ns.close()
 

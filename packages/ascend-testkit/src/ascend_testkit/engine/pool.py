@@ -6,8 +6,9 @@ one host per (lane, network namespace, pinning) and every suite runs its engines
 An idle host still holds ~0.5 GB (torch and vLLM imported), and a session collects a dozen or more; two sessions
 side by side with their engines and servers outgrew this machine's memory once (the kernel killed a server's engine).
 So before an engine starts (in a host or a server, `make_room`), the pools of this process retire their least
-recently used idle hosts while the machine's available memory is short of what the engines starting now will take
-plus a reserve; a retired host comes back on its next command.
+recently used idle hosts beyond a few, and more while the machine's available memory is short of what the engines
+starting now will take plus a reserve (never a host the running test used in the last minute); a retired host comes
+back on its next command.
 """
 
 from __future__ import annotations
@@ -23,11 +24,15 @@ from typing import Any
 from ascend_testkit.engine.client import EngineHost
 
 # Headroom kept for what this process cannot see (the other session's engines, a model's activations).
-DEFAULT_RESERVE_MIB = 4096
-# What an engine of the test models takes once loaded (~1.5 GB engine core, its server or worker beside it); an
-# engine that started within START_WINDOW_S may not have taken it yet, so it still counts against what is available.
-ENGINE_MIB = 2048
-START_WINDOW_S = 120.0
+DEFAULT_RESERVE_MIB = 3072
+# What an engine of the test models takes once loaded (~1.5 GB engine core with its KV space); an engine that started
+# within START_WINDOW_S may not have taken it yet, so it still counts against what is available.
+ENGINE_MIB = 1536
+START_WINDOW_S = 30.0
+# Idle hosts kept warm at most (a session makes a dozen or more; the ones used last are the ones used next).
+DEFAULT_IDLE_HOSTS = 6
+# A host used this recently is not retired: it belongs to the test running now (its reference engine, its peer).
+RECENT_S = 60.0
 
 _POOLS: weakref.WeakSet[HostPool] = weakref.WeakSet()
 _STARTS: deque[float] = deque()  # when recent engines started (make_room's callers)
@@ -48,11 +53,15 @@ def available_bytes() -> int | None:
     return None
 
 
+def idle_hosts_kept() -> int:
+    return int(os.environ.get("ASCEND_TESTKIT_IDLE_HOSTS", DEFAULT_IDLE_HOSTS))
+
+
 def make_room(need: int | None = None, *, keep: EngineHost | None = None) -> list[str]:
-    """Before an engine starts: retire idle hosts of every pool in this process, least recently used first, until
-    `need` bytes are available or none is idle. `need` defaults to the reserve plus an engine for this start and
-    each one of the last START_WINDOW_S (still loading, e.g. a PD pair's servers started together). Returns the
-    names retired."""
+    """Before an engine starts: retire idle hosts of every pool in this process, least recently used first, while
+    more than `idle_hosts_kept()` are idle or fewer than `need` bytes are available. `need` defaults to the reserve
+    plus an engine for this start and each one of the last START_WINDOW_S (still loading, e.g. a PD pair's servers
+    started together). `keep` and hosts used in the last RECENT_S stay. Returns the names retired."""
     now = time.monotonic()
     while _STARTS and _STARTS[0] < now - START_WINDOW_S:
         _STARTS.popleft()
@@ -60,17 +69,24 @@ def make_room(need: int | None = None, *, keep: EngineHost | None = None) -> lis
     if need is None:
         need = reserve_bytes() + len(_STARTS) * (ENGINE_MIB << 20)
     retired: list[str] = []
-    while (free := available_bytes()) is not None and free < need:
-        idle = [(host.last_used, pool, host) for pool in list(_POOLS) for host in pool.hosts.values()
-                if host is not keep and host.idle]
-        if not idle:
+    while True:
+        idle = sorted(((host.last_used, id(host), pool, host) for pool in list(_POOLS) for host in pool.hosts.values()
+                       if host.idle), key=lambda item: item[:2])
+        stale = [(pool, host) for used, _, pool, host in idle if host is not keep and used < now - RECENT_S]
+        if not stale:
             break
-        _, pool, host = min(idle, key=lambda item: item[0])
+        free = available_bytes()
+        if len(idle) > idle_hosts_kept():
+            why = f"{len(idle)} idle hosts, {idle_hosts_kept()} kept"
+        elif free is not None and free < need:
+            why = f"{free >> 20} MiB available, {need >> 20} MiB wanted"
+        else:
+            break
+        pool, host = stale[0]
         host.retire()
         pool.retirements.append(host.name)
         retired.append(host.name)
-        print(f"[ascend_testkit] retired idle engine host {host.name}: {free >> 20} MiB available, "
-              f"{need >> 20} MiB wanted", file=sys.stderr, flush=True)
+        print(f"[ascend_testkit] retired idle engine host {host.name}: {why}", file=sys.stderr, flush=True)
     return retired
 
 
@@ -99,8 +115,8 @@ class HostPool:
     def summary(self) -> str:
         """How many hosts this pool started, and how often memory made it retire and bring one back."""
         revived = sum(host.spawns - 1 for host in self.hosts.values())
-        return (f"{len(self.hosts)} engine hosts; {len(self.retirements)} retired idle for memory, {revived} brought "
-                f"back{': ' + ', '.join(self.retirements) if self.retirements else ''}")
+        return (f"{len(self.hosts)} engine hosts; {len(self.retirements)} retired while idle (to hold memory), "
+                f"{revived} brought back{': ' + ', '.join(self.retirements) if self.retirements else ''}")
 
     def close(self) -> list[int]:
         """Close every host; returns the pids of any that would not die (a test should fail on them)."""
