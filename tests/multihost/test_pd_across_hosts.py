@@ -106,24 +106,11 @@ def test_streamed_chat_across_hosts_equals_a_single_engines(serving):
 
 # Each direction of the delayed link holds packets this long (`Link.delay`, a TUN delay line: no netem here).
 ONE_WAY_DELAY_S = 0.001
-# The smallest of a few TCP connects from the decode host to the prefill's side channel: one round trip.
-_CONNECT_RTT = """
-import socket, sys, time
-best = float("inf")
-for _ in range(10):
-    t0 = time.perf_counter()
-    socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=5).close()
-    best = min(best, time.perf_counter() - t0)
-print(best)
-"""
 
 
 def _round_trip_s(serving) -> float:
-    import sys
-
-    out = serving.topo["decode"].run([sys.executable, "-c", _CONNECT_RTT, serving.topo["prefill"].address, "30300"],
-                                     timeout=30)
-    return float(out)
+    """Decode host -> the prefill's side channel: one TCP handshake, the fastest of ten."""
+    return serving.topo["decode"].round_trip_s(serving.topo["prefill"].address, 30300)
 
 
 def test_a_delayed_link_keeps_pd_equal_to_the_single_engine(serving):

@@ -28,6 +28,17 @@ _MIN_BURST_BYTES = 256 << 10
 _TBF_LATENCY_S = 0.1  # how long a packet may wait for tokens past the burst (tc's `latency`)
 
 
+_CONNECT_RTT = """
+import socket, sys, time
+best = float("inf")
+for _ in range(int(sys.argv[3])):
+    t0 = time.perf_counter()
+    socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=5).close()
+    best = min(best, time.perf_counter() - t0)
+print(best)
+"""
+
+
 class TopologyError(RuntimeError):
     pass
 
@@ -63,6 +74,12 @@ class Host:
         """Bytes this host sent over its link to `peer` (the veth end's counter)."""
         stats = json.loads(self.run(["ip", "-s", "-j", "link", "show", "dev", self.links[peer]]))
         return int(stats[0]["stats64"]["tx"]["bytes"])
+
+    def round_trip_s(self, address: str, port: int, tries: int = 10) -> float:
+        """The fastest of `tries` TCP connects from this host to a listener at `address:port` (one round trip
+        each; a listener nobody accepts on will do, the kernel completes the handshake)."""
+        out = self.run([sys.executable, "-c", _CONNECT_RTT, address, str(port), str(tries)], timeout=30 + 5 * tries)
+        return float(out)
 
     def url(self, port: int) -> str:
         return f"http://{self.address}:{port}"

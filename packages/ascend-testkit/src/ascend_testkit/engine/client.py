@@ -84,7 +84,7 @@ class EngineHost:
 
     def retire(self) -> None:
         """End an idle host's process to give its memory back; the next command starts a fresh one, which costs
-        the vLLM import again (a `HostPool` retires hosts so only when memory runs short)."""
+        the vLLM import again (`engine.pool.make_room` retires stale idle hosts past a few or on short memory)."""
         if not self.idle:
             raise EngineError(f"engine host {self.name} is not idle (engine {self.engine}, waiting "
                               f"{[op for op, _ in self._waiting]}): it cannot be retired")
