@@ -24,7 +24,7 @@ from pathlib import Path
 from packaging.metadata import Metadata
 from release_check import RECORD, digest, problems, read_record, workspace
 
-DEV_ONLY = {"ascend-testkit"}
+DEV_ONLY = {"ascend-testkit", "ascend-contracts"}
 
 
 def core_metadata(artefact: Path) -> str:

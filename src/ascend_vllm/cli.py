@@ -2,8 +2,8 @@
 
 Subcommands live in `ascend_vllm.commands`, one module each, exposing `HELP`, `add_arguments(parser)` and
 `run(args) -> int`; they are discovered, so adding one touches no other file. Other installed packages add commands
-through the `ascend_vllm.commands` entry-point group (the development-only testkit adds the demos this way, so a
-runtime install carries no demo tooling).
+through the `ascend_vllm.commands` entry-point group (the development-only testkit adds the demos and
+ascend-contracts the contract checker this way, so a runtime install carries no development tooling).
 """
 
 from __future__ import annotations
@@ -17,6 +17,13 @@ from importlib.metadata import entry_points
 from ascend_vllm import commands
 
 ENTRY_POINT_GROUP = "ascend_vllm.commands"
+# Commands the development-only packages add: named with where they come from when typed where they are absent.
+DEVELOPMENT_COMMANDS = {
+    "contracts": "ascend-contracts",
+    "demo": "ascend-testkit",
+    "demo-pd": "ascend-testkit",
+    "demo-pool": "ascend-testkit",
+}
 
 
 def _command_modules() -> dict[str, object]:
@@ -42,7 +49,20 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _absent_development_command(argv: list[str]) -> str | None:
+    typed = next((a for a in argv if not a.startswith("-")), None)
+    if typed in DEVELOPMENT_COMMANDS and typed not in _command_modules():
+        return (f"ascend-vllm: '{typed}' comes with the development-only {DEVELOPMENT_COMMANDS[typed]} package, which "
+                "this installation does not have: run it from a checkout of the ascend-vllm repository after "
+                "`uv sync` (see its README)")
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
+    absent = _absent_development_command(sys.argv[1:] if argv is None else argv)
+    if absent:
+        print(absent, file=sys.stderr)
+        return 2
     parser = build_parser()
     args = parser.parse_args(argv)
     if not hasattr(args, "_run"):

@@ -93,7 +93,7 @@ def test_fetch_refuses_what_is_not_a_release_by_name():
 def test_torch_npu_call_sites_and_pins_hold_on_the_pinned_and_the_next_release(tmp_path):
     """`contracts check --torch-npu` as a user runs it: the wheel fetched (cached), every pinned op and every call
     site of the NPU backend held to that release's schemas."""
-    from ascend_core.contracts.torch_npu_wheel import open_torch_npu_wheel
+    from ascend_contracts.torch_npu_wheel import open_torch_npu_wheel
 
     pins = ROOT / "packages/ascend-kernels/src/ascend_kernels/torch_npu_pins.toml"
     # A wheel cache holding the wheel alone (no parsed-schema sidecar): the CLI reads the schemas from the wheel's

@@ -24,6 +24,7 @@ PACKAGES = {  # import name -> folder holding pyproject.toml and src/
     "ascend_specdecode": ROOT / "packages/ascend-specdecode",
     "ascend_platform": ROOT / "packages/ascend-platform",
     "ascend_vllm": ROOT,
+    "ascend_contracts": ROOT / "packages/ascend-contracts",  # development only, but installed alone all the same
 }
 OURS = {*PACKAGES, "ascend_testkit"}
 # Imported only inside vLLM's process, where vLLM itself brings them: never declared by us.

@@ -9,6 +9,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 LINT = shutil.which("lint-imports") or str(Path(sys.executable).with_name("lint-imports"))
 
@@ -27,8 +29,8 @@ def test_our_packages_keep_the_dependency_rule():
 
 
 def _plant_tree(tmp: Path, importer: str, imported: str) -> None:
-    for name in ("ascend_testkit", "ascend_vllm", "ascend_platform", "ascend_kv_transfer", "ascend_specdecode",
-                 "ascend_core", "ascend_kernels"):
+    for name in ("ascend_testkit", "ascend_contracts", "ascend_vllm", "ascend_platform", "ascend_kv_transfer",
+                 "ascend_specdecode", "ascend_core", "ascend_kernels"):
         (tmp / name).mkdir()
         (tmp / name / "__init__.py").write_text("")
     (tmp / importer / "bad.py").write_text(f"import {imported}\n")
@@ -52,9 +54,11 @@ def test_an_upward_import_is_caught(tmp_path):
     assert "ascend_core.bad -> ascend_platform" in result.stdout
 
 
-def test_a_runtime_import_of_the_testkit_is_caught(tmp_path):
-    # The testkit is development-only: a runtime wheel that imported it would break `pip install` users.
-    _plant_tree(tmp_path, "ascend_kv_transfer", "ascend_testkit")
+@pytest.mark.parametrize("dev_only", ["ascend_testkit", "ascend_contracts"])
+def test_a_runtime_import_of_a_development_package_is_caught(tmp_path, dev_only):
+    # The testkit and the contract checker are development-only: a runtime wheel that imported either would break
+    # `pip install` users.
+    _plant_tree(tmp_path, "ascend_kv_transfer", dev_only)
     result = _lint(tmp_path, pythonpath=str(tmp_path))
     assert result.returncode != 0
-    assert "ascend_kv_transfer.bad -> ascend_testkit" in result.stdout
+    assert f"ascend_kv_transfer.bad -> {dev_only}" in result.stdout

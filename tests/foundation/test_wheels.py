@@ -1,7 +1,8 @@
 """The built wheels, installed into fresh virtual environments, give what `pip install` users get.
 
 Builds every member with `uv build --all-packages --no-sources` (so no wheel leans on the workspace), then:
-- no runtime wheel carries the development-only testkit, and none (meta-package included) depends on it;
+- no runtime wheel carries the development-only testkit or contract checker, and none (meta-package included)
+  depends on either;
 - each runtime wheel installs ALONE (with its declared dependencies only, beside the locked vLLM build users bring)
   into a fresh virtual environment, and every one of its modules imports there;
 - the meta-package installs the whole set with both vLLM entry points and pulls no vLLM in by itself;
@@ -31,6 +32,7 @@ RUNTIME = {  # distribution -> import packages it must carry
     "ascend-platform": ["ascend_platform"],
     "ascend-vllm": ["ascend_vllm"],
 }
+DEV_ONLY = {"ascend-testkit", "ascend-contracts"}
 
 
 
@@ -41,7 +43,7 @@ def _workspace_versions() -> dict[str, str]:
     out = {}
     for path in [ROOT / "pyproject.toml", *sorted(ROOT.glob("packages/*/pyproject.toml"))]:
         project = tomllib.loads(path.read_text())["project"]
-        if project["name"] != "ascend-testkit":
+        if project["name"] not in DEV_ONLY:
             out[project["name"]] = project["version"]
     return out
 
@@ -103,19 +105,19 @@ def _check(python: Path, code: str) -> str:
 
 def test_every_member_builds_a_wheel(wheelhouse):
     names = sorted(p.name.split("-")[0] for p in wheelhouse.glob("*.whl"))
-    assert names == ["ascend_core", "ascend_kernels", "ascend_kv_transfer", "ascend_platform", "ascend_specdecode",
-                     "ascend_testkit", "ascend_vllm"]
+    assert names == ["ascend_contracts", "ascend_core", "ascend_kernels", "ascend_kv_transfer", "ascend_platform",
+                     "ascend_specdecode", "ascend_testkit", "ascend_vllm"]
 
 
 @pytest.mark.parametrize("dist", sorted(RUNTIME))
-def test_runtime_wheels_carry_no_testkit(wheelhouse, dist):
+def test_runtime_wheels_carry_no_development_package(wheelhouse, dist):
     with zipfile.ZipFile(_wheel(wheelhouse, dist)) as whl:
         names = whl.namelist()
         metadata = whl.read(next(n for n in names if n.endswith(".dist-info/METADATA"))).decode()
     tops = {n.split("/")[0] for n in names if not n.split("/")[0].endswith((".dist-info", ".data"))}
     assert tops == set(RUNTIME[dist]), f"{dist} carries {sorted(tops)}"
     requires = [line for line in metadata.splitlines() if line.startswith("Requires-Dist:")]
-    assert not [r for r in requires if "testkit" in r], requires
+    assert not [r for r in requires if "testkit" in r or "ascend-contracts" in r], requires
 
 
 @pytest.mark.parametrize("dist", sorted(d for d in RUNTIME if d != "ascend-vllm"))
@@ -126,7 +128,7 @@ def test_each_runtime_wheel_alone_imports_every_module(wheelhouse, locked_third_
         "import importlib, importlib.util, pkgutil, sys\n"
         f"roots = {RUNTIME[dist]!r}\n"
         "ours = ['ascend_kernels','ascend_core','ascend_kv_transfer','ascend_specdecode','ascend_platform',"
-        "'ascend_vllm','ascend_testkit']\n"
+        "'ascend_vllm','ascend_testkit','ascend_contracts']\n"
         "print('present', sorted(n for n in ours if importlib.util.find_spec(n)))\n"
         "failed = []\n"
         "for root in roots:\n"
@@ -139,7 +141,7 @@ def test_each_runtime_wheel_alone_imports_every_module(wheelhouse, locked_third_
         "print('failed', failed)\n"
     ))
     present = eval(out.split("present ", 1)[1].splitlines()[0])  # noqa: S307 - our own printed list
-    assert "ascend_testkit" not in present
+    assert "ascend_testkit" not in present and "ascend_contracts" not in present
     assert set(RUNTIME[dist]) <= set(present)
     assert "failed []" in out, out
 
@@ -162,6 +164,11 @@ def test_meta_package_installs_a_consistent_importable_set(wheelhouse, tmp_path)
     assert "no-vllm" in out  # no member pulls vllm in: users bring the build for their device
     assert "no-testkit" in out
     assert (python.parent / "ascend-vllm").exists()
+    # The development commands are absent from a user's install, and typing one says where it comes from.
+    typed = subprocess.run([str(python.parent / "ascend-vllm"), "contracts", "check"], capture_output=True,
+                           text=True, timeout=120, cwd="/", env=_clean_env())
+    assert typed.returncode == 2, typed.stdout + typed.stderr
+    assert "'contracts' comes with the development-only ascend-contracts package" in typed.stderr
 
 
 def test_kv_transfer_installs_alone(wheelhouse, tmp_path):

@@ -10,7 +10,7 @@ WORDS = ("lora", "bgmv", "sgmv", "punica")
 
 
 def test_torch_npu_declares_no_lora_op():
-    from ascend_core.contracts.torch_npu_wheel import open_torch_npu_wheel
+    from ascend_contracts.torch_npu_wheel import open_torch_npu_wheel
 
     wheel = open_torch_npu_wheel("2.13.0")
     assert len(wheel.schemas) > 100  # the wheel's op schemas were read

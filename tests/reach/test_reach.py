@@ -26,7 +26,7 @@ CANNOT_RUN_HERE = {
                                    "vLLMs installed here meet it, so no engine here can start into it",
 }
 # Tools behind a CLI command: reached by the CLI runs of the session (tests/foundation), not by an engine.
-CLI_TOOLS = ("ascend_core.contracts", "ascend_vllm.cli", "ascend_vllm.commands")
+CLI_TOOLS = ("ascend_vllm.cli", "ascend_vllm.commands")
 # Runtime modules no engine reaches yet: issue that wires each.
 NOT_YET_WIRED: dict[str, str] = {}
 # Classes (`module:Class`) no engine of this machine runs a method of, and why; a ratchet like NOT_YET_WIRED.

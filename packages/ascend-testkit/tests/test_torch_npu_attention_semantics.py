@@ -489,7 +489,7 @@ def test_attention_update_refuses(lse, out, update_type, message):
 
 def _wheel_schemas() -> dict:
     """The FIA schemas as the torch_npu 2.13.0 wheel declares them (fetched into the wheel cache once)."""
-    from ascend_core.contracts.torch_npu_wheel import open_torch_npu_wheel
+    from ascend_contracts.torch_npu_wheel import open_torch_npu_wheel
 
     schemas = open_torch_npu_wheel("2.13.0").schemas
     return {name: torch._C.parse_schema(text) for name, text in schemas.items()

@@ -14,7 +14,7 @@ import re
 import zipfile
 from pathlib import Path
 
-from ascend_core.contracts.torch_npu_wheel import (
+from ascend_contracts.torch_npu_wheel import (
     ATB_LIBRARY,
     ATB_META_REGISTRATIONS,
     ATB_OPS,

@@ -16,7 +16,7 @@ ENGINE_TESTED = {
     "0.32.0": "current lane, every engine suite, V1 and Model Runner V2",
 }
 # ... and ascend-core's contract pins are checked against these release wheels without running them
-# (packages/ascend-core/tests/contracts/test_wheels.py); the probes decide the lane of any other release.
+# (packages/ascend-contracts/tests/test_wheels.py); the probes decide the lane of any other release.
 STATIC_ONLY = ("0.28.0", "0.33.0")
 SUPPORTED_RANGE = (
     "vLLM " + " and ".join(f"{v} ({lane})" for v, lane in ENGINE_TESTED.items()) + ", engine-tested in CI; "

@@ -15,7 +15,7 @@ import threading
 import types
 from dataclasses import dataclass, field
 
-from ascend_core.contracts.torch_npu_wheel import TorchNpuWheel, open_torch_npu_wheel
+from ascend_contracts.torch_npu_wheel import TorchNpuWheel, open_torch_npu_wheel
 from ascend_testkit.torch_npu.library import FakeLibraries, MetaMismatchError
 from ascend_testkit.torch_npu.module import build_module, module_tree
 from ascend_testkit.torch_npu.semantics import all_implementations

@@ -14,7 +14,7 @@ from collections.abc import Callable
 import torch
 import torch.library
 
-from ascend_core.contracts.torch_npu_wheel import TorchNpuWheel
+from ascend_contracts.torch_npu_wheel import TorchNpuWheel
 
 
 class MetaMismatchError(AssertionError):

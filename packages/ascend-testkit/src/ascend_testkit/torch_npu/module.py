@@ -14,7 +14,7 @@ import types
 
 import torch
 
-from ascend_core.contracts.torch_npu_wheel import TorchNpuWheel
+from ascend_contracts.torch_npu_wheel import TorchNpuWheel
 from ascend_testkit.torch_npu import card
 
 MODULE_NAMES = ("torch_npu", "torch_npu.npu", "torch_npu.npu.utils", "torch_npu.npu._backends", "torch_npu.atb",

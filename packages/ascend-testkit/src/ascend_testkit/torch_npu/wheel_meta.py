@@ -15,7 +15,7 @@ import types
 import torch
 import torch.library
 
-from ascend_core.contracts.torch_npu_wheel import ATB_META_REGISTRATIONS, META_REGISTRATIONS, TorchNpuWheel
+from ascend_contracts.torch_npu_wheel import ATB_META_REGISTRATIONS, META_REGISTRATIONS, TorchNpuWheel
 
 
 class _DroppedLibrary:

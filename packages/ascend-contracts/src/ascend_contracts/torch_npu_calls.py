@@ -21,7 +21,7 @@ import operator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ascend_core.contracts.torch_npu_schema import PYTHON_KINDS, Schema, SchemaParam
+from ascend_contracts.torch_npu_schema import PYTHON_KINDS, Schema, SchemaParam
 
 TORCH_NPU = "torch_npu"
 # How a call reaches an op: attributes of these paths are ops; `torch.ops.<ns>.<op>[.overload]` is too.

@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from ascend_core.contracts.checker import check
-from ascend_core.contracts.drift import drift
-from ascend_core.contracts.pins import discover_pins_files, load_pins
-from ascend_core.contracts.source_reader import open_source
-from ascend_core.contracts.static_view import StaticView
-from ascend_core.contracts.wheels import CACHE_ENV, WheelFetchError, cache_dir, cached_wheel, fetch_wheel
+from ascend_contracts.checker import check
+from ascend_contracts.drift import drift
+from ascend_contracts.pins import discover_pins_files, load_pins
+from ascend_contracts.source_reader import open_source
+from ascend_contracts.static_view import StaticView
+from ascend_contracts.wheels import CACHE_ENV, WheelFetchError, cache_dir, cached_wheel, fetch_wheel
 
 
 @pytest.fixture(scope="module")

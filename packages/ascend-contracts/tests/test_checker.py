@@ -5,12 +5,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ascend_core.contracts.checker import check
-from ascend_core.contracts.drift import drift
-from ascend_core.contracts.pins import load_pins
-from ascend_core.contracts.report import render_table
-from ascend_core.contracts.source_reader import open_source
-from ascend_core.contracts.static_view import StaticView
+from ascend_contracts.checker import check
+from ascend_contracts.drift import drift
+from ascend_contracts.pins import load_pins
+from ascend_contracts.report import render_table
+from ascend_contracts.source_reader import open_source
+from ascend_contracts.static_view import StaticView
 
 
 def _by_symbol(report) -> dict[str, object]:

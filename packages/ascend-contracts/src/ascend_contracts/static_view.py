@@ -12,8 +12,8 @@ import ast
 from dataclasses import dataclass, field
 from typing import Any
 
-from ascend_core.contracts.shapes import Missing, Param, Shape, normalize_literal
-from ascend_core.contracts.source_reader import SourceReader
+from ascend_contracts.shapes import Missing, Param, Shape, normalize_literal
+from ascend_contracts.source_reader import SourceReader
 
 _MAX_DEPTH = 12
 _STARS = "*"  # the bindings key holding a module's star imports, in order

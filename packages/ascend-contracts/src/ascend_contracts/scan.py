@@ -14,8 +14,8 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ascend_core.contracts.pins import PINS_FILE, Pin, load_pins
-from ascend_core.contracts.shapes import normalize_literal
+from ascend_contracts.pins import PINS_FILE, Pin, load_pins
+from ascend_contracts.shapes import normalize_literal
 
 _DOTTED = re.compile(r"^vllm(\.[A-Za-z_]\w*)+$")
 # `vllm.x.y:Attr` (a patch target); a bare `vllm:name` is a Prometheus metric name, not a symbol.

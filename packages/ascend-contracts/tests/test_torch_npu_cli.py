@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from ascend_core.contracts.cli import main
-from ascend_core.contracts.torch_npu_check import Sources, generate_pins
-from ascend_core.contracts.torch_npu_pins import TORCH_NPU_PINS_FILE, load_op_pins, render_op_pins
-from ascend_core.contracts.torch_npu_wheel import TorchNpuWheel
+from ascend_contracts.cli import main
+from ascend_contracts.torch_npu_check import Sources, generate_pins
+from ascend_contracts.torch_npu_pins import TORCH_NPU_PINS_FILE, load_op_pins, render_op_pins
+from ascend_contracts.torch_npu_wheel import TorchNpuWheel
 
-WORKSPACE = Path(__file__).resolve().parents[4]
+WORKSPACE = Path(__file__).resolve().parents[3]
 KERNEL_PINS = WORKSPACE / "packages/ascend-kernels/src/ascend_kernels" / TORCH_NPU_PINS_FILE
 
 

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ascend_core.contracts.checker import check
-from ascend_core.contracts.pin_drafts import draft_pins
-from ascend_core.contracts.pins import load_pins
-from ascend_core.contracts.scan import scan_source
-from ascend_core.contracts.source_reader import open_source
-from ascend_core.contracts.static_view import StaticView
+from ascend_contracts.checker import check
+from ascend_contracts.pin_drafts import draft_pins
+from ascend_contracts.pins import load_pins
+from ascend_contracts.scan import scan_source
+from ascend_contracts.source_reader import open_source
+from ascend_contracts.static_view import StaticView
 
 OURS = '''
 from vllm.core.spec import Tensor, hook

@@ -13,13 +13,13 @@ HELP = "Check the vLLM symbols our packages pin against a vLLM release, or find 
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from ascend_core.contracts.cli import add_subcommands
+    from ascend_contracts.cli import add_subcommands
 
     add_subcommands(parser)
     parser.set_defaults(_contracts_parser=parser)
 
 
 def run(args: argparse.Namespace) -> int:
-    from ascend_core.contracts.cli import dispatch
+    from ascend_contracts.cli import dispatch
 
     return dispatch(args, args._contracts_parser)

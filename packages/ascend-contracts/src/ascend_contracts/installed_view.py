@@ -16,9 +16,9 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
-from ascend_core.contracts.shapes import Missing, Param, Shape, normalize_literal
-from ascend_core.contracts.source_reader import DirectorySource
-from ascend_core.contracts.static_view import FIELD_BASED_BASES, StaticView, instance_attributes
+from ascend_contracts.shapes import Missing, Param, Shape, normalize_literal
+from ascend_contracts.source_reader import DirectorySource
+from ascend_contracts.static_view import FIELD_BASED_BASES, StaticView, instance_attributes
 from ascend_core.upstream.version import installed_vllm_version
 
 _LITERAL_TYPES = (str, int, float, bool, type(None), tuple)

@@ -17,14 +17,14 @@ import re
 import sys
 from pathlib import Path
 
-from ascend_core.contracts.checker import check
-from ascend_core.contracts.drift import drift
-from ascend_core.contracts.pin_drafts import draft_pins
-from ascend_core.contracts.pins import PinsError, load_all_pins, load_pins
-from ascend_core.contracts.report import render_table
-from ascend_core.contracts.scan import ScanResult, check_folder, scan_workspace
-from ascend_core.contracts.shapes import UpstreamView
-from ascend_core.contracts.wheels import WheelFetchError, fetch_wheel
+from ascend_contracts.checker import check
+from ascend_contracts.drift import drift
+from ascend_contracts.pin_drafts import draft_pins
+from ascend_contracts.pins import PinsError, load_all_pins, load_pins
+from ascend_contracts.report import render_table
+from ascend_contracts.scan import ScanResult, check_folder, scan_workspace
+from ascend_contracts.shapes import UpstreamView
+from ascend_contracts.wheels import WheelFetchError, fetch_wheel
 
 _RELEASE = re.compile(r"^(?:vllm==)?(\d+\.\d+(?:\.\d+)?(?:\.post\d+)?)$")
 
@@ -33,11 +33,11 @@ def open_view(target: str | None) -> UpstreamView:
     """The installed vLLM (None or "installed"), a wheel or source folder (a path), or a release wheel (`0.33.0`,
     `vllm==0.33.0`, fetched into the wheel cache)."""
     if target is None or target == "installed":
-        from ascend_core.contracts.installed_view import InstalledView
+        from ascend_contracts.installed_view import InstalledView
 
         return InstalledView()
-    from ascend_core.contracts.source_reader import open_source
-    from ascend_core.contracts.static_view import StaticView
+    from ascend_contracts.source_reader import open_source
+    from ascend_contracts.static_view import StaticView
 
     path = Path(target).expanduser()
     if not path.exists():
@@ -102,7 +102,7 @@ def scan(root: Path | None) -> ScanResult:
     """Scan the workspace at `root`, or each installed package of ours against its own pins when `root` is None."""
     if root is not None:
         return scan_workspace(root)
-    from ascend_core.contracts.pins import discover_pins_files
+    from ascend_contracts.pins import discover_pins_files
 
     result = ScanResult()
     for name, pins_file in discover_pins_files().items():
@@ -142,17 +142,17 @@ def run_scan(args: argparse.Namespace) -> int:
 
 
 def _torch_npu_sources(root: str | None):
-    from ascend_core.contracts.torch_npu_check import Sources
+    from ascend_contracts.torch_npu_check import Sources
 
     folder = Path(root) if root else find_workspace(Path.cwd())
     return Sources.of_workspace(folder) if folder is not None else Sources.installed()
 
 
 def run_torch_npu_check(args: argparse.Namespace) -> int:
-    from ascend_core.contracts.torch_npu_check import check_torch_npu
-    from ascend_core.contracts.torch_npu_pins import load_op_pins
-    from ascend_core.contracts.torch_npu_report import render_torch_npu_table
-    from ascend_core.contracts.torch_npu_wheel import TorchNpuWheelError, open_torch_npu_wheel
+    from ascend_contracts.torch_npu_check import check_torch_npu
+    from ascend_contracts.torch_npu_pins import load_op_pins
+    from ascend_contracts.torch_npu_report import render_torch_npu_table
+    from ascend_contracts.torch_npu_wheel import TorchNpuWheelError, open_torch_npu_wheel
 
     if args.vllm is not None or args.baseline is not None:
         print("ascend-contracts: --torch-npu checks torch_npu only; check --vllm/--baseline in a separate run",
@@ -172,9 +172,9 @@ def run_torch_npu_check(args: argparse.Namespace) -> int:
 
 
 def run_pin_torch_npu(args: argparse.Namespace) -> int:
-    from ascend_core.contracts.torch_npu_check import generate_pins
-    from ascend_core.contracts.torch_npu_pins import DEFAULT_TORCH_NPU, TORCH_NPU_PINS_FILE, render_op_pins
-    from ascend_core.contracts.torch_npu_wheel import TorchNpuWheelError, open_torch_npu_wheel
+    from ascend_contracts.torch_npu_check import generate_pins
+    from ascend_contracts.torch_npu_pins import DEFAULT_TORCH_NPU, TORCH_NPU_PINS_FILE, render_op_pins
+    from ascend_contracts.torch_npu_wheel import TorchNpuWheelError, open_torch_npu_wheel
 
     try:
         sources = _torch_npu_sources(args.root)

@@ -13,8 +13,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from ascend_core.contracts.pins import OUR_PACKAGES, package_dir
-from ascend_core.contracts.torch_npu_calls import (
+from ascend_contracts.pins import OUR_PACKAGES, package_dir
+from ascend_contracts.torch_npu_calls import (
     CallProblem,
     NpuCall,
     check_call,
@@ -22,7 +22,7 @@ from ascend_core.contracts.torch_npu_calls import (
     module_loaders,
     scan_calls,
 )
-from ascend_core.contracts.torch_npu_pins import (
+from ascend_contracts.torch_npu_pins import (
     TORCH_NPU_PINS_FILE,
     OpPin,
     OpPins,
@@ -30,9 +30,9 @@ from ascend_core.contracts.torch_npu_pins import (
     build_op_pins,
     load_op_pins,
 )
-from ascend_core.contracts.torch_npu_report import TorchNpuFinding, TorchNpuReport
-from ascend_core.contracts.torch_npu_schema import parse_schema, schema_drift
-from ascend_core.contracts.torch_npu_wheel import TorchNpuWheel
+from ascend_contracts.torch_npu_report import TorchNpuFinding, TorchNpuReport
+from ascend_contracts.torch_npu_schema import parse_schema, schema_drift
+from ascend_contracts.torch_npu_wheel import TorchNpuWheel
 
 # Development-only packages: their calls (if any) never run in a user's engine.
 DEV_PACKAGES = frozenset({"ascend_testkit"})

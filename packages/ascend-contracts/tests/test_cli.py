@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from ascend_core.contracts.cli import main
-from ascend_core.contracts.cli import main as contracts_main
+from ascend_contracts.cli import main
+from ascend_contracts.cli import main as contracts_main
 
 
 def test_check_exits_1_on_uncovered_p0_p1_and_prints_json(new_tree: Path, pins_file: Path,

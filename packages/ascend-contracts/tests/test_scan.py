@@ -6,10 +6,10 @@ import shutil
 import textwrap
 from pathlib import Path
 
-from ascend_core.contracts.pins import load_pins
-from ascend_core.contracts.scan import is_pinned, scan_source, scan_workspace
+from ascend_contracts.pins import load_pins
+from ascend_contracts.scan import is_pinned, scan_source, scan_workspace
 
-REPO = Path(__file__).resolve().parents[4]
+REPO = Path(__file__).resolve().parents[3]
 
 SOURCE = '''
 """Docstrings mentioning vllm.not.a.target are not targets."""

@@ -25,8 +25,8 @@ import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ascend_core.contracts.atb_schema_literals import recover_schema_literals
-from ascend_core.contracts.wheels import fetch_wheel
+from ascend_contracts.atb_schema_literals import recover_schema_literals
+from ascend_contracts.wheels import fetch_wheel
 
 PACKAGE = "torch-npu"
 NPU_LIBRARY = "torch_npu/lib/libtorch_npu.so"
@@ -87,7 +87,7 @@ def _version_of(path: Path) -> str:
 
 
 def _parse_schema(text: str):
-    import torch  # torch is a dependency of ascend-core; imported late so the contract CLI starts quickly
+    import torch  # torch comes with ascend-core; imported late so the contract CLI starts quickly
 
     try:
         return torch._C.parse_schema(text)

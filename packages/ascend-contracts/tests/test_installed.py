@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from ascend_core.contracts.checker import check
-from ascend_core.contracts.installed_view import InstalledView
-from ascend_core.contracts.pins import load_all_pins
-from ascend_core.contracts.shapes import Missing, Shape
+from ascend_contracts.checker import check
+from ascend_contracts.installed_view import InstalledView
+from ascend_contracts.pins import load_all_pins
+from ascend_contracts.shapes import Missing, Shape
 
 
 @pytest.fixture(scope="module")
@@ -43,8 +43,8 @@ def test_static_mode_on_the_installed_sources_agrees_with_importing_them(view: I
 
     import vllm
 
-    from ascend_core.contracts.source_reader import open_source
-    from ascend_core.contracts.static_view import StaticView
+    from ascend_contracts.source_reader import open_source
+    from ascend_contracts.static_view import StaticView
 
     pins = load_all_pins()
     static = StaticView(open_source(Path(vllm.__file__).parent))

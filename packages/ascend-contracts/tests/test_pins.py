@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from ascend_core.contracts.pins import PinsError, adapter_exists, load_pins
+from ascend_contracts.pins import PinsError, adapter_exists, load_pins
 
-REPO = Path(__file__).resolve().parents[4]
+REPO = Path(__file__).resolve().parents[3]
 
 
 def _write(tmp_path: Path, text: str) -> Path:

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from ascend_core.contracts import torch_npu_wheel as tnw
-from ascend_core.contracts.torch_npu_wheel import TorchNpuWheelError, open_torch_npu_wheel
-from ascend_core.contracts.wheels import cache_dir, fetch_wheel
+from ascend_contracts import torch_npu_wheel as tnw
+from ascend_contracts.torch_npu_wheel import TorchNpuWheelError, open_torch_npu_wheel
+from ascend_contracts.wheels import cache_dir, fetch_wheel
 
 VERSION = "2.13.0"
 

@@ -13,9 +13,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from ascend_core.contracts.pins import PinsError, package_dir, read_pins_toml
-from ascend_core.contracts.torch_npu_calls import OP_OWNERS, NpuCall, bound_parameters
-from ascend_core.contracts.torch_npu_schema import Schema, SchemaError, parse_schema
+from ascend_contracts.pins import PinsError, package_dir, read_pins_toml
+from ascend_contracts.torch_npu_calls import OP_OWNERS, NpuCall, bound_parameters
+from ascend_contracts.torch_npu_schema import Schema, SchemaError, parse_schema
 
 TORCH_NPU_PINS_FILE = "torch_npu_pins.toml"
 # The release the pins are generated from unless a pins file already names one.

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from ascend_core.contracts.torch_npu_schema import SchemaError, parse_schema, schema_drift
-from ascend_core.contracts.torch_npu_wheel import TorchNpuWheel
+from ascend_contracts.torch_npu_schema import SchemaError, parse_schema, schema_drift
+from ascend_contracts.torch_npu_wheel import TorchNpuWheel
 
 
 def test_every_registered_schema_parses_as_torch_parses_it(wheel: TorchNpuWheel) -> None:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import textwrap
 
-from ascend_core.contracts.torch_npu_calls import module_loaders, scan_calls
-from ascend_core.contracts.torch_npu_check import resolve_call
-from ascend_core.contracts.torch_npu_wheel import TorchNpuWheel
+from ascend_contracts.torch_npu_calls import module_loaders, scan_calls
+from ascend_contracts.torch_npu_check import resolve_call
+from ascend_contracts.torch_npu_wheel import TorchNpuWheel
 
 
 def _scan(source: str):

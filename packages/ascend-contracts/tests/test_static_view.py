@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from ascend_core.contracts.shapes import Missing, Shape
-from ascend_core.contracts.source_reader import open_source
-from ascend_core.contracts.static_view import StaticView
+from ascend_contracts.shapes import Missing, Shape
+from ascend_contracts.source_reader import open_source
+from ascend_contracts.static_view import StaticView
 
 
 def _view(path: Path) -> StaticView:

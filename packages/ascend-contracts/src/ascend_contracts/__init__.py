@@ -5,12 +5,12 @@ release (imported, or a source tree / wheel read with `ast`) differs from them, 
 `ascend_core.upstream` covers each difference. `scan_workspace` finds vLLM uses in our sources that no pin covers.
 """
 
-from ascend_core.contracts.checker import check, check_pin
-from ascend_core.contracts.pins import Pin, PinsError, discover_pins_files, load_all_pins, load_pins
-from ascend_core.contracts.report import Finding, Report, render_table
-from ascend_core.contracts.scan import ScanResult, Usage, is_pinned, scan_source, scan_workspace
-from ascend_core.contracts.shapes import Missing, Param, Shape, UpstreamView
-from ascend_core.contracts.wheels import cache_dir, fetch_wheel
+from ascend_contracts.checker import check, check_pin
+from ascend_contracts.pins import Pin, PinsError, discover_pins_files, load_all_pins, load_pins
+from ascend_contracts.report import Finding, Report, render_table
+from ascend_contracts.scan import ScanResult, Usage, is_pinned, scan_source, scan_workspace
+from ascend_contracts.shapes import Missing, Param, Shape, UpstreamView
+from ascend_contracts.wheels import cache_dir, fetch_wheel
 
 __all__ = [
     "Finding",

@@ -187,6 +187,6 @@ def pins_file(tmp_path: Path) -> Path:
 def wheel():
     """The torch_npu 2.13.0 wheel (the pinned release), fetched into the wheel cache once: CI reaches PyPI, so a
     missing wheel fails the tests that read it instead of skipping them."""
-    from ascend_core.contracts.torch_npu_wheel import open_torch_npu_wheel
+    from ascend_contracts.torch_npu_wheel import open_torch_npu_wheel
 
     return open_torch_npu_wheel("2.13.0")

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from ascend_core.contracts.scan import Usage
-from ascend_core.contracts.shapes import Shape, UpstreamView
+from ascend_contracts.scan import Usage
+from ascend_contracts.shapes import Shape, UpstreamView
 
 # How our code touches a symbol -> the pin's `use`, strongest first.
 _USE_RANK = ("patch", "subclass", "call", "read", "import")

@@ -11,10 +11,10 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable
 
-from ascend_core.contracts.checker import Grader, signature_change
-from ascend_core.contracts.pins import SIGNATURE_KEY, Pin
-from ascend_core.contracts.report import Finding, Report
-from ascend_core.contracts.shapes import Missing, Shape, UpstreamView
+from ascend_contracts.checker import Grader, signature_change
+from ascend_contracts.pins import SIGNATURE_KEY, Pin
+from ascend_contracts.report import Finding, Report
+from ascend_contracts.shapes import Missing, Shape, UpstreamView
 
 
 def _names(shape: Shape) -> set[str]:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field
 
-from ascend_core.contracts.report import SEVERITIES, Finding
+from ascend_contracts.report import SEVERITIES, Finding
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -5,9 +5,9 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable
 
-from ascend_core.contracts.pins import SIGNATURE_KEY, Pin, adapter_exists
-from ascend_core.contracts.report import Finding, Report
-from ascend_core.contracts.shapes import Missing, Shape, UpstreamView, normalize_literal
+from ascend_contracts.pins import SIGNATURE_KEY, Pin, adapter_exists
+from ascend_contracts.report import Finding, Report
+from ascend_contracts.shapes import Missing, Shape, UpstreamView, normalize_literal
 
 _CLASS_KINDS = ("class", "dataclass")
 _CALLABLE_KINDS = ("function", "method")
