@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import ascend_kernels
-from ascend_kernels import ops
+from ascend_kernels import op_registry, ops
 from ascend_kernels.npu_probe import torch_npu_status
 
 
@@ -14,8 +14,8 @@ def test_every_op_is_exposed_and_the_reference_backend_runs_here():
     assert set(ascend_kernels.OP_NAMES) <= set(dir(ops))
     assert ascend_kernels.available_backends()["reference"] is None
     assert ascend_kernels.get_backend() == "reference"
-    assert all(ascend_kernels.supports(op, "reference") for op in ascend_kernels.OP_NAMES)
-    assert all(ascend_kernels.supports(op, "npu") for op in ascend_kernels.OP_NAMES)
+    assert set(ascend_kernels.implementations("reference")) == set(ascend_kernels.OP_NAMES)
+    assert set(ascend_kernels.implementations("npu")) == set(ascend_kernels.OP_NAMES)
 
 
 def test_default_is_npu_only_when_torch_npu_is_usable():
@@ -36,8 +36,10 @@ def test_asking_for_npu_without_torch_npu_says_why():
 def test_unknown_backend_and_op_are_errors_naming_them():
     with pytest.raises(ValueError, match="'tpu'"):
         ascend_kernels.set_backend("tpu")
+    with pytest.raises(ValueError, match="'tpu'"):
+        ascend_kernels.implementations("tpu")
     with pytest.raises(ValueError, match="'flash_attn'"):
-        ascend_kernels.supports("flash_attn")
+        op_registry.declaration("flash_attn")
 
 
 def test_use_backend_restores_the_previous_selection():

@@ -38,7 +38,8 @@ def test_derived_views_match_the_declarations():
     assert {name: d.reference for name, d in decls.items()} == ref.REFERENCE_OPS
     assert {name: d.npu for name, d in decls.items()} == npu_backend.NPU_BINDINGS
     assert ascend_kernels.implementations("npu")["rms_norm"] == decls["rms_norm"].npu.target
-    assert ascend_kernels.supports("paged_attention", "npu") and ascend_kernels.supports("rms_norm", "reference")
+    assert "paged_attention" in ascend_kernels.implementations("npu")
+    assert "rms_norm" in ascend_kernels.implementations("reference")
 
 
 def test_an_op_without_an_implementation_fails_at_registration_naming_it():

@@ -3,7 +3,8 @@
 Backends: "reference" (pure torch, any device; the simulated-NPU lane) and "npu" (torch_npu kernels, imported lazily
 in `ascend_kernels.npu_backend` only). Selection is explicit: `set_backend(name)`; until then the first op call uses
 "npu" when torch_npu is usable, else "reference". `available_backends()` says which can run here and why not,
-`supports(op, backend)` answers per op. Argument checks run by default (`set_validation(False)` for hot paths).
+`implementations(backend)` what runs each op there. Argument checks run by default (`set_validation(False)` for
+hot paths).
 """
 
 from ascend_kernels import npu_usage, ops
@@ -16,7 +17,6 @@ from ascend_kernels.registry import (
     get_backend,
     implementations,
     set_backend,
-    supports,
     use_backend,
 )
 from ascend_kernels.validation import set_validation, validation_enabled
@@ -33,7 +33,6 @@ __all__ = [
     "ops",
     "set_backend",
     "set_validation",
-    "supports",
     "use_backend",
     "validation_enabled",
 ]

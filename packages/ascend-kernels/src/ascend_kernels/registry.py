@@ -167,20 +167,9 @@ def available_backends() -> dict[str, str | None]:
     return result
 
 
-def supports(op_name: str, backend: str | None = None) -> bool:
-    """Whether `backend` (default: the selected one) implements `op_name`.
-
-    For a backend that cannot load here this answers from its declarations (readable without torch_npu), so
-    capability questions do not depend on the machine.
-    """
-    if op_name not in OP_NAMES:
-        raise ValueError(f"unknown kernel op {op_name!r}; known ops: {', '.join(OP_NAMES)}")
-    name = backend if backend is not None else get_backend()
-    return op_name in implementations(name)
-
-
 def implementations(backend: str) -> dict[str, str]:
-    """`op name -> what runs it` for `backend` (from the declarations; does not load the backend)."""
+    """`op name -> what runs it` for `backend`, from the declarations: a backend that cannot load here (no
+    torch_npu) still answers, so capability questions do not depend on the machine."""
     if backend == "reference":
         return {name: "ascend_kernels.reference" for name in OP_NAMES}
     if backend == "npu":

@@ -30,12 +30,7 @@ from vllm.v1.attention.backends.mla.sparse_swa import (
 from vllm.v1.attention.backends.utils import split_decodes_and_prefills
 
 from ascend_platform import usage
-from ascend_platform.models.deepseek_v4.slots import compressed_slot_mapping, token_positions, token_requests
-
-
-def _requests_and_positions(cm: Any) -> tuple[torch.Tensor, torch.Tensor]:
-    requests = token_requests(cm.query_start_loc, cm.num_actual_tokens)
-    return requests, token_positions(cm.query_start_loc, cm.seq_lens, requests)
+from ascend_platform.models.deepseek_v4.slots import compressed_slot_mapping, requests_and_positions, token_requests
 
 
 class AscendDSAMetadataBuilder(DeepseekV4CPUFlashMLAMetadataBuilder):
@@ -43,7 +38,7 @@ class AscendDSAMetadataBuilder(DeepseekV4CPUFlashMLAMetadataBuilder):
 
     def build(self, common_prefix_len: int, common_attn_metadata: Any, fast_build: bool = False):
         cm = common_attn_metadata
-        requests, positions = _requests_and_positions(cm)
+        requests, positions = requests_and_positions(cm)
         slot_mapping = cm.slot_mapping
         if self.compress_ratio > 1:
             slot_mapping = compressed_slot_mapping(positions, cm.slot_mapping, requests, cm.block_table_tensor,
@@ -128,7 +123,7 @@ class AscendDSAIndexerMetadataBuilder(AttentionMetadataBuilder):
     def build(self, common_prefix_len: int, common_attn_metadata: Any,
               fast_build: bool = False) -> AscendDSAIndexerMetadata:
         cm = common_attn_metadata
-        requests, positions = _requests_and_positions(cm)
+        requests, positions = requests_and_positions(cm)
         _, _, num_decode_tokens, num_prefill_tokens = split_decodes_and_prefills(cm, decode_threshold=1)
         states_per_block = int(self.kv_cache_spec.num_states)
         return AscendDSAIndexerMetadata(

@@ -28,6 +28,13 @@ def token_positions(query_start_loc: torch.Tensor, seq_lens: torch.Tensor, reque
     return first[req] + offset
 
 
+def requests_and_positions(common_attn_metadata) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each scheduled token's request and position, from a step's common attention metadata."""
+    cm = common_attn_metadata
+    requests = token_requests(cm.query_start_loc, cm.num_actual_tokens)
+    return requests, token_positions(cm.query_start_loc, cm.seq_lens, requests)
+
+
 def paged_slots(local: torch.Tensor, requests: torch.Tensor, block_table: torch.Tensor,
                 block_size: int) -> torch.Tensor:
     """int64 global slots of request-local row indices `local` `[tokens, k]` (-1 stays -1): row i of request r

@@ -24,15 +24,10 @@ from ascend_platform.models.deepseek_v4.backends import (
     AscendDSASWABackend,
     AscendDSASWAMetadataBuilder,
 )
-from ascend_platform.models.deepseek_v4.slots import compressed_slot_mapping, token_positions, token_requests
+from ascend_platform.models.deepseek_v4.slots import compressed_slot_mapping, requests_and_positions
 
 # Our ops address rows by slot, whatever the page: a group's blocks are never split into kernel blocks.
 _ANY_BLOCK = [MultipleOf(1)]
-
-
-def _requests_and_positions(cm: Any) -> tuple[torch.Tensor, torch.Tensor]:
-    requests = token_requests(cm.query_start_loc, cm.num_actual_tokens)
-    return requests, token_positions(cm.query_start_loc, cm.seq_lens, requests)
 
 
 class AscendDSAV41SWABackend(AscendDSASWABackend):
@@ -71,7 +66,7 @@ class AscendDSAV41MetadataBuilder(AttentionMetadataBuilder):
     def build(self, common_prefix_len: int, common_attn_metadata: Any,
               fast_build: bool = False) -> AscendDSAV41Metadata:
         cm = common_attn_metadata
-        requests, positions = _requests_and_positions(cm)
+        requests, positions = requests_and_positions(cm)
         rows_per_block = int(self.kv_cache_spec.num_states)
         block_table = cm.block_table_tensor.clamp(min=0)
         return AscendDSAV41Metadata(
@@ -129,7 +124,7 @@ class AscendDSAV41RingMetadataBuilder(AttentionMetadataBuilder):
     def build(self, common_prefix_len: int, common_attn_metadata: Any,
               fast_build: bool = False) -> AscendDSAV41RingMetadata:
         cm = common_attn_metadata
-        requests, positions = _requests_and_positions(cm)
+        requests, positions = requests_and_positions(cm)
         n = cm.num_actual_tokens
         # One ring block per request; block 0 is the null block a padding / dummy request holds.
         blocks = cm.block_table_tensor[:, 0].to(torch.int64)[requests.long()]
