@@ -1,5 +1,5 @@
-"""A gated delta-net hybrid (tiny dense Qwen3-Next: linear-attention layers interleaved with full attention) in the
-simulated-NPU lane on both model runners, against plain vLLM CPU on the same checkpoint.
+"""Gated delta-net hybrids (tiny Qwen3-Next, and tiny dense Qwen3.5 text models: linear-attention layers interleaved
+with full attention) in the simulated-NPU lane on both model runners, against plain vLLM CPU on the same checkpoint.
 
 Ours: the GDN layers' conv and recurrent states and the full-attention KV are one allocation of our allocator under
 vLLM's hybrid cache groups (one page size across groups; the attention planes paged so they share bytes with the
@@ -10,6 +10,10 @@ the prefix cache (vLLM's "align" Mamba cache mode, which prefix caching turns on
 
 bf16 is what vLLM CPU's GDN layer takes, so the lanes are compared as vLLM's model tests compare them
 (`check_logprobs_close`: equal tokens, or at the first divergence each side's token in the other's top 5).
+
+Every engine host of this module runs `allow_image_only_processor` first (a `sitecustomize`, as the vision-language
+tests do): vLLM 0.32's `qwen3_5.py` imports `qwen3_vl`, which imports a transformers image-processor module that
+needs torchvision, absent here. It changes no engine code; the text models build no processor.
 """
 
 from __future__ import annotations
@@ -17,7 +21,8 @@ from __future__ import annotations
 import pytest
 
 from ascend_testkit.compare import check_logprobs_close
-from ascend_testkit.models.hybrid import TinyHybridSpec, cached_tiny_qwen3_next
+from ascend_testkit.models.hybrid import TinyHybridSpec, cached_tiny_qwen3_5, cached_tiny_qwen3_next
+from ascend_testkit.models.vision_language import image_only_env
 from ascend_testkit.models.word_tokenizer import prompt_of_length
 
 pytestmark = [pytest.mark.engine]
@@ -28,12 +33,29 @@ ENGINE = {"dtype": "bfloat16", "max_model_len": 512, "enforce_eager": True, "max
 LENGTHS = (3, 41, 130, 290)
 MAX_TOKENS = 10
 LOGPROBS = 5
-RUNNERS = {"sim_v1_host": "SimulatedModelRunnerV1", "sim_host": "SimulatedModelRunnerV2"}
+RUNNERS = {"v1": "SimulatedModelRunnerV1", None: "SimulatedModelRunnerV2"}
+FAMILIES = {"qwen3_next": cached_tiny_qwen3_next, "qwen3_5": cached_tiny_qwen3_5}
 
 
 @pytest.fixture(scope="module")
-def model_path(cache_root) -> str:
-    return str(cached_tiny_qwen3_next(cache_dir=cache_root / "models"))
+def hybrid_host(host_pool, tmp_path_factory):
+    """`hybrid_host(name, lane, runner)`: this module's engine hosts (the import shim in their environment), closed
+    when the module is done."""
+    env = image_only_env(tmp_path_factory.mktemp("hybrid-site"))
+    names: set[str] = set()
+
+    def get(name: str, lane: str, runner: str | None):
+        names.add(name)
+        return host_pool.get(name, lane=lane, runner=runner, env=env)
+
+    yield get
+    for name in names:
+        host_pool.hosts[name].close()
+
+
+@pytest.fixture(scope="module", params=list(FAMILIES))
+def model_path(request, cache_root) -> str:
+    return str(FAMILIES[request.param](cache_dir=cache_root / "models"))
 
 
 @pytest.fixture(scope="module")
@@ -63,15 +85,16 @@ def run(host, model: str, prompts: list[str], usage: bool = True) -> dict:
 
 
 @pytest.fixture(scope="module")
-def reference(cpu_host, model_path, prompts) -> dict:
+def reference(hybrid_host, model_path, prompts) -> dict:
     """Plain vLLM CPU (V1 runner, its own GDN and attention kernels)."""
-    return run(cpu_host, model_path, prompts, usage=False)
+    return run(hybrid_host("hybrid-cpu", "cpu", "v1"), model_path, prompts, usage=False)
 
 
-@pytest.fixture(scope="module", params=list(RUNNERS))
-def ours(request, model_path, prompts) -> dict:
-    result = run(request.getfixturevalue(request.param), model_path, prompts)
-    result["expected_runner"] = RUNNERS[request.param]
+@pytest.fixture(scope="module", params=list(RUNNERS), ids=["v1", "mrv2"])
+def ours(request, hybrid_host, model_path, prompts) -> dict:
+    runner = request.param
+    result = run(hybrid_host(f"hybrid-sim-{runner or 'default'}", "simulated", runner), model_path, prompts)
+    result["expected_runner"] = RUNNERS[runner]
     return result
 
 

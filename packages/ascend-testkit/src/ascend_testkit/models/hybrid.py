@@ -1,11 +1,9 @@
-"""A tiny random dense Qwen3-Next hybrid checkpoint built on the spot: gated delta-net (linear attention) layers
-interleaved with gated full attention, with dense MLPs but in the last layer, a tiny mixture of experts (vLLM's
-`Qwen3NextForCausalLM` refuses a model without one: "No Qwen3Next layer found").
-
-Qwen3-Next stands in for Qwen3.5's dense models: both run vLLM's one gated delta-net layer
-(`QwenGatedDeltaNetAttention`, Qwen3-Next with its interleaved q/k/v/z projection) and the same GDN state and ops.
-vLLM 0.32's `qwen3_5.py` cannot be imported here: it imports `qwen3_vl`, whose transformers image processor needs
-torchvision, which this environment does not ship (see docs/hybrid_models.md).
+"""Tiny random gated delta-net hybrid checkpoints built on the spot: linear-attention layers interleaved with gated
+full attention. `build_tiny_qwen3_next`: Qwen3-Next, dense MLPs but in the last layer, a tiny mixture of experts
+(vLLM's `Qwen3NextForCausalLM` refuses a model without one: "No Qwen3Next layer found"). `build_tiny_qwen3_5`: a dense
+Qwen3.5 text model (`Qwen3_5ForCausalLM`). Both run vLLM's one gated delta-net layer (`QwenGatedDeltaNetAttention`:
+Qwen3-Next with its interleaved q/k/v/z projection, Qwen3.5 with separate ones). Importing vLLM 0.32's `qwen3_5.py`
+here needs `vision_language.allow_image_only_processor` first (see docs/hybrid_models.md).
 
 vLLM's CPU build serves the gated delta-net layers only in bfloat16 and only with linear-attention head dims its
 kernels take (128; 32 is refused), so the spec keeps 128-wide linear heads and saves bf16 weights. The layer
@@ -103,3 +101,50 @@ def cached_tiny_qwen3_next(spec: TinyHybridSpec = TinyHybridSpec(), cache_dir: s
     """The tiny Qwen3-Next hybrid for `spec`, built once into the cache (the folder name carries the spec's hash)."""
     folder = Path(cache_dir or default_cache_dir()) / f"tiny-qwen3-next-{spec.key()}"
     return built_once(folder, lambda tmp: build_tiny_qwen3_next(tmp, spec))
+
+
+def build_tiny_qwen3_5(path: str | os.PathLike, spec: TinyHybridSpec = TinyHybridSpec()) -> Path:
+    """Write a dense `Qwen3_5ForCausalLM` (Qwen3.5's text model: gated delta-net layers with separate q/k/v, z, b and
+    a projections, gated full attention with partial rotary, (1 + w) RMS norms, dense MLPs) with random bf16 weights
+    and the word tokenizer to `path`. The spec's expert fields do not apply (the dense model has none)."""
+    import torch
+    from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig
+
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    save_word_tokenizer(path, spec.vocab_size)
+    config = Qwen3_5TextConfig(
+        vocab_size=spec.vocab_size,
+        hidden_size=spec.hidden_size,
+        intermediate_size=spec.intermediate_size,
+        num_hidden_layers=len(spec.layer_types),
+        layer_types=list(spec.layer_types),
+        num_attention_heads=spec.num_heads,
+        num_key_value_heads=spec.num_kv_heads,
+        head_dim=spec.head_dim,
+        linear_num_key_heads=spec.linear_num_key_heads,
+        linear_num_value_heads=spec.linear_num_value_heads,
+        linear_key_head_dim=spec.linear_key_head_dim,
+        linear_value_head_dim=spec.linear_value_head_dim,
+        linear_conv_kernel_dim=spec.linear_conv_kernel_dim,
+        max_position_embeddings=spec.max_position_embeddings,
+        initializer_range=spec.initializer_range,
+        bos_token_id=1,
+        eos_token_id=2,
+        tie_word_embeddings=False,
+    )
+    config.architectures = ["Qwen3_5ForCausalLM"]
+    torch.manual_seed(spec.seed)
+    model = Qwen3_5ForCausalLM(config)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith(("A_log", "dt_bias")):
+                param.uniform_(-1.0, 1.0)
+    model.to(torch.bfloat16).save_pretrained(path, safe_serialization=True)
+    return path
+
+
+def cached_tiny_qwen3_5(spec: TinyHybridSpec = TinyHybridSpec(), cache_dir: str | os.PathLike | None = None) -> Path:
+    """The tiny dense Qwen3.5 for `spec`, built once into the cache (the folder name carries the spec's hash)."""
+    folder = Path(cache_dir or default_cache_dir()) / f"tiny-qwen3_5-{spec.key()}"
+    return built_once(folder, lambda tmp: build_tiny_qwen3_5(tmp, spec))

@@ -184,8 +184,8 @@ def allow_image_only_processor() -> None:
     import importlib
     import sys
 
-    # vLLM's qwen2_vl.py imports `smart_resize` from the torchvision image processor's module; the PIL one's is the
-    # same function.
+    # vLLM's qwen2_vl.py (and through qwen3_vl, qwen3_5.py: the Qwen3.5 text models too) imports `smart_resize` from
+    # the torchvision image processor's module; the PIL one's is the same function.
     pil = importlib.import_module("transformers.models.qwen2_vl.image_processing_pil_qwen2_vl")
     sys.modules.setdefault("transformers.models.qwen2_vl.image_processing_qwen2_vl", pil)
 
