@@ -51,16 +51,9 @@ class TinyHybridSpec:
         return hashlib.sha256(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()[:12]
 
 
-def build_tiny_qwen3_next(path: str | os.PathLike, spec: TinyHybridSpec = TinyHybridSpec()) -> Path:
-    """Write a `Qwen3NextForCausalLM` (dense MLPs, experts in the last layer) with random bf16 weights and the word
-    tokenizer to `path`."""
-    import torch
-    from transformers import Qwen3NextConfig, Qwen3NextForCausalLM
-
-    path = Path(path)
-    path.mkdir(parents=True, exist_ok=True)
-    save_word_tokenizer(path, spec.vocab_size)
-    config = Qwen3NextConfig(
+def _hybrid_config_kwargs(spec: TinyHybridSpec) -> dict:
+    """What a Qwen3-Next and a Qwen3.5 text config take alike from the spec."""
+    return dict(
         vocab_size=spec.vocab_size,
         hidden_size=spec.hidden_size,
         intermediate_size=spec.intermediate_size,
@@ -79,15 +72,19 @@ def build_tiny_qwen3_next(path: str | os.PathLike, spec: TinyHybridSpec = TinyHy
         bos_token_id=1,
         eos_token_id=2,
         tie_word_embeddings=False,
-        num_experts=spec.num_experts,
-        num_experts_per_tok=spec.num_experts_per_tok,
-        moe_intermediate_size=spec.moe_intermediate_size,
-        shared_expert_intermediate_size=spec.moe_intermediate_size,
-        mlp_only_layers=list(range(len(spec.layer_types) - 1)),
     )
-    config.architectures = ["Qwen3NextForCausalLM"]
+
+
+def _save_random(path: str | os.PathLike, spec: TinyHybridSpec, model_cls, config) -> Path:
+    """Seeded random weights of `model_cls(config)` saved in bf16 with the word tokenizer into `path`."""
+    import torch
+
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    save_word_tokenizer(path, spec.vocab_size)
+    config.architectures = [model_cls.__name__]
     torch.manual_seed(spec.seed)
-    model = Qwen3NextForCausalLM(config)
+    model = model_cls(config)
     # HF initialises A_log / dt_bias / norms to constants; random draws give every head its own decay and gate.
     with torch.no_grad():
         for name, param in model.named_parameters():
@@ -95,6 +92,22 @@ def build_tiny_qwen3_next(path: str | os.PathLike, spec: TinyHybridSpec = TinyHy
                 param.uniform_(-1.0, 1.0)
     model.to(torch.bfloat16).save_pretrained(path, safe_serialization=True)
     return path
+
+
+def build_tiny_qwen3_next(path: str | os.PathLike, spec: TinyHybridSpec = TinyHybridSpec()) -> Path:
+    """Write a `Qwen3NextForCausalLM` (dense MLPs, experts in the last layer) with random bf16 weights and the word
+    tokenizer to `path`."""
+    from transformers import Qwen3NextConfig, Qwen3NextForCausalLM
+
+    config = Qwen3NextConfig(
+        **_hybrid_config_kwargs(spec),
+        num_experts=spec.num_experts,
+        num_experts_per_tok=spec.num_experts_per_tok,
+        moe_intermediate_size=spec.moe_intermediate_size,
+        shared_expert_intermediate_size=spec.moe_intermediate_size,
+        mlp_only_layers=list(range(len(spec.layer_types) - 1)),
+    )
+    return _save_random(path, spec, Qwen3NextForCausalLM, config)
 
 
 def cached_tiny_qwen3_next(spec: TinyHybridSpec = TinyHybridSpec(), cache_dir: str | os.PathLike | None = None) -> Path:
@@ -107,41 +120,9 @@ def build_tiny_qwen3_5(path: str | os.PathLike, spec: TinyHybridSpec = TinyHybri
     """Write a dense `Qwen3_5ForCausalLM` (Qwen3.5's text model: gated delta-net layers with separate q/k/v, z, b and
     a projections, gated full attention with partial rotary, (1 + w) RMS norms, dense MLPs) with random bf16 weights
     and the word tokenizer to `path`. The spec's expert fields do not apply (the dense model has none)."""
-    import torch
     from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig
 
-    path = Path(path)
-    path.mkdir(parents=True, exist_ok=True)
-    save_word_tokenizer(path, spec.vocab_size)
-    config = Qwen3_5TextConfig(
-        vocab_size=spec.vocab_size,
-        hidden_size=spec.hidden_size,
-        intermediate_size=spec.intermediate_size,
-        num_hidden_layers=len(spec.layer_types),
-        layer_types=list(spec.layer_types),
-        num_attention_heads=spec.num_heads,
-        num_key_value_heads=spec.num_kv_heads,
-        head_dim=spec.head_dim,
-        linear_num_key_heads=spec.linear_num_key_heads,
-        linear_num_value_heads=spec.linear_num_value_heads,
-        linear_key_head_dim=spec.linear_key_head_dim,
-        linear_value_head_dim=spec.linear_value_head_dim,
-        linear_conv_kernel_dim=spec.linear_conv_kernel_dim,
-        max_position_embeddings=spec.max_position_embeddings,
-        initializer_range=spec.initializer_range,
-        bos_token_id=1,
-        eos_token_id=2,
-        tie_word_embeddings=False,
-    )
-    config.architectures = ["Qwen3_5ForCausalLM"]
-    torch.manual_seed(spec.seed)
-    model = Qwen3_5ForCausalLM(config)
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if name.endswith(("A_log", "dt_bias")):
-                param.uniform_(-1.0, 1.0)
-    model.to(torch.bfloat16).save_pretrained(path, safe_serialization=True)
-    return path
+    return _save_random(path, spec, Qwen3_5ForCausalLM, Qwen3_5TextConfig(**_hybrid_config_kwargs(spec)))
 
 
 def cached_tiny_qwen3_5(spec: TinyHybridSpec = TinyHybridSpec(), cache_dir: str | os.PathLike | None = None) -> Path:
