@@ -271,15 +271,31 @@ class ServerProcess:
         self.proc.wait(timeout=30)
 
     def close(self, timeout: float = 20.0) -> None:
-        """SIGTERM the group (vLLM shuts its engine down), SIGKILL whatever is left after `timeout`."""
+        """SIGTERM the group (vLLM shuts its engine down), SIGKILL whatever is left after `timeout`.
+
+        The server's engine processes exit after it and write their coverage (the reach check's data) on the way out:
+        they get until the deadline to leave on their own, since a SIGKILL in mid-write leaves a corrupt data file that
+        fails the reach check (CI once found one, 4 KiB, from a server closed the moment its API process exited)."""
+        deadline = time.monotonic() + timeout
         if self.alive:
             self._signal_group(signal.SIGTERM)
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self.proc.wait(timeout=timeout)
-        self._signal_group(signal.SIGKILL)  # the engine processes of the group, if any outlived the server
+        while self._group_alive() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        self._signal_group(signal.SIGKILL)  # the engine processes of the group, if any outlived the deadline
         if self.alive:
             self.proc.wait(timeout=30)
         self._log.close()
+
+    def _group_alive(self) -> bool:
+        try:
+            os.killpg(self.proc.pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
 
     def _signal_group(self, sig: int) -> None:
         with contextlib.suppress(ProcessLookupError, PermissionError):
