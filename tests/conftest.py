@@ -170,6 +170,30 @@ def cpu_host(host_pool):
     return host_pool.get("cpu", lane="cpu", runner="v1")
 
 
+@pytest.fixture(scope="module")
+def image_only_env(tmp_path_factory) -> dict[str, str]:
+    """Environment that runs `allow_image_only_processor` first in every process (a `sitecustomize`): transformers'
+    Qwen-VL modules without torchvision, which the vision-language models and vLLM's `qwen3_5.py` import need here."""
+    from ascend_testkit.models.vision_language import image_only_env as env_in
+
+    return env_in(tmp_path_factory.mktemp("image-only-site"))
+
+
+@pytest.fixture(scope="module")
+def image_only_host(host_pool, image_only_env):
+    """`image_only_host(name, lane, runner, env=None)`: a module's engine hosts with `image_only_env` (plus `env`),
+    closed when the module is done (vLLM processes the rest of the session does not need)."""
+    names: set[str] = set()
+
+    def get(name: str, lane: str, runner: str | None, env: dict[str, str] | None = None):
+        names.add(name)
+        return host_pool.get(name, lane=lane, runner=runner, env=image_only_env | (env or {}))
+
+    yield get
+    for name in names:
+        host_pool.hosts[name].close()
+
+
 @pytest.fixture(scope="session")
 def netns():
     """A loopback-only network namespace (Mooncake listens on 0.0.0.0 whatever it is told)."""

@@ -22,7 +22,6 @@ import pytest
 
 from ascend_testkit.compare import check_logprobs_close
 from ascend_testkit.models.hybrid import TinyHybridSpec, cached_tiny_qwen3_5, cached_tiny_qwen3_next
-from ascend_testkit.models.vision_language import image_only_env
 from ascend_testkit.models.word_tokenizer import prompt_of_length
 
 pytestmark = [pytest.mark.engine]
@@ -35,22 +34,6 @@ MAX_TOKENS = 10
 LOGPROBS = 5
 RUNNERS = {"v1": "SimulatedModelRunnerV1", None: "SimulatedModelRunnerV2"}
 FAMILIES = {"qwen3_next": cached_tiny_qwen3_next, "qwen3_5": cached_tiny_qwen3_5}
-
-
-@pytest.fixture(scope="module")
-def hybrid_host(host_pool, tmp_path_factory):
-    """`hybrid_host(name, lane, runner)`: this module's engine hosts (the import shim in their environment), closed
-    when the module is done."""
-    env = image_only_env(tmp_path_factory.mktemp("hybrid-site"))
-    names: set[str] = set()
-
-    def get(name: str, lane: str, runner: str | None):
-        names.add(name)
-        return host_pool.get(name, lane=lane, runner=runner, env=env)
-
-    yield get
-    for name in names:
-        host_pool.hosts[name].close()
 
 
 @pytest.fixture(scope="module", params=list(FAMILIES))
@@ -85,15 +68,15 @@ def run(host, model: str, prompts: list[str], usage: bool = True) -> dict:
 
 
 @pytest.fixture(scope="module")
-def reference(hybrid_host, model_path, prompts) -> dict:
+def reference(image_only_host, model_path, prompts) -> dict:
     """Plain vLLM CPU (V1 runner, its own GDN and attention kernels)."""
-    return run(hybrid_host("hybrid-cpu", "cpu", "v1"), model_path, prompts, usage=False)
+    return run(image_only_host("hybrid-cpu", "cpu", "v1"), model_path, prompts, usage=False)
 
 
 @pytest.fixture(scope="module", params=list(RUNNERS), ids=["v1", "mrv2"])
-def ours(request, hybrid_host, model_path, prompts) -> dict:
+def ours(request, image_only_host, model_path, prompts) -> dict:
     runner = request.param
-    result = run(hybrid_host(f"hybrid-sim-{runner or 'default'}", "simulated", runner), model_path, prompts)
+    result = run(image_only_host(f"hybrid-sim-{runner or 'default'}", "simulated", runner), model_path, prompts)
     result["expected_runner"] = RUNNERS[runner]
     return result
 

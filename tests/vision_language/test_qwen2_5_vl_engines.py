@@ -22,7 +22,6 @@ from ascend_testkit.models.vision_language import (
     TinyVisionLanguageSpec,
     cached_tiny_qwen2_5_vl,
     image_data_uri,
-    image_only_env,
     synthetic_image,
 )
 
@@ -46,11 +45,6 @@ def model(cache_root) -> str:
     return str(cached_tiny_qwen2_5_vl(cache_dir=cache_root / "models"))
 
 
-@pytest.fixture(scope="module")
-def vl_env(tmp_path_factory) -> dict[str, str]:
-    return image_only_env(tmp_path_factory.mktemp("vl-site"))
-
-
 def _image_prompt(text_before: str, image, text_after: str) -> dict:
     return {"prompt": f"{text_before} {IMAGE_PLACEHOLDER} {text_after}",
             "multi_modal_data": {"image": image_data_uri(image)}}
@@ -66,21 +60,6 @@ def prompts() -> list:
         # the first prompt's text with another image of its size: the image, not the text, decides its tokens
         _image_prompt("w1 w2", synthetic_image(w0, h0, s0 + 10), "w3 w4"),
     ]
-
-
-@pytest.fixture(scope="module")
-def vl_host(host_pool, vl_env):
-    """`vl_host(name, lane, runner, env=None)`: this module's engine hosts (the shim in their environment), closed
-    when the module is done (four vLLM processes the rest of the session does not need)."""
-    names: set[str] = set()
-
-    def get(name: str, lane: str, runner: str | None, env: dict[str, str] | None = None):
-        names.add(name)
-        return host_pool.get(name, lane=lane, runner=runner, env=vl_env | (env or {}))
-
-    yield get
-    for name in names:
-        host_pool.hosts[name].close()
 
 
 def _generate(host, model: str, prompts: list, usage: bool, max_tokens: int = SAMPLING["max_tokens"]
@@ -101,9 +80,9 @@ def _generate(host, model: str, prompts: list, usage: bool, max_tokens: int = SA
 
 
 @pytest.fixture(scope="module")
-def reference(vl_host, model, prompts) -> list[dict]:
+def reference(image_only_host, model, prompts) -> list[dict]:
     """Plain vLLM CPU (V1, torch SDPA in the vision tower, its CPU attention in the text model)."""
-    outputs, _ = _generate(vl_host("vl-cpu", "cpu", "v1"), model, prompts, usage=False)
+    outputs, _ = _generate(image_only_host("vl-cpu", "cpu", "v1"), model, prompts, usage=False)
     return outputs
 
 
@@ -115,8 +94,8 @@ def test_reference_reads_the_images(reference):
 
 
 @pytest.mark.parametrize("runner", list(RUNNERS), ids=["v1", "mrv2"])
-def test_images_through_our_vision_attention_equal_vllm_cpu(vl_host, model, prompts, reference, runner):
-    host = vl_host(f"vl-sim-{runner or 'default'}", "simulated", runner)
+def test_images_through_our_vision_attention_equal_vllm_cpu(image_only_host, model, prompts, reference, runner):
+    host = image_only_host(f"vl-sim-{runner or 'default'}", "simulated", runner)
     ours, report = _generate(host, model, prompts, usage=True)
     assert [o["prompt_token_ids"] for o in ours] == [o["prompt_token_ids"] for o in reference]
     assert [o["token_ids"] for o in ours] == [o["token_ids"] for o in reference]
@@ -135,7 +114,7 @@ SERVE_PORT = 8395  # inside the session's loopback-only namespace
 SERVED_TOKENS = 6
 
 
-def test_image_url_chat_through_ascend_vllm_serve(tmp_path, netns, model, vl_env, vl_host):
+def test_image_url_chat_through_ascend_vllm_serve(tmp_path, netns, model, image_only_env, image_only_host):
     """`ascend-vllm serve` (simulated lane, its default runner: MRV2) answers an OpenAI chat request whose image is
     an `image_url` data: URI with plain vLLM CPU's greedy text for the same rendered prompt and image, and its
     worker says the vision tower's attention went through our op."""
@@ -149,7 +128,7 @@ def test_image_url_chat_through_ascend_vllm_serve(tmp_path, netns, model, vl_env
     args = ["--dtype", "float32", "--max-model-len", "512", "--enforce-eager", "--max-num-seqs", "4",
             "--served-model-name", "tiny-vl", "--seed", "0", "--limit-mm-per-prompt", '{"image": 1, "video": 0}']
     server = start_serve("vl", model, SERVE_PORT, log_dir=tmp_path, cpu=None, netns=netns, args=args,
-                         env_extra={"VLLM_SERVER_DEV_MODE": "1", **vl_env})
+                         env_extra={"VLLM_SERVER_DEV_MODE": "1", **image_only_env})
     try:
         server.wait_healthy()
         with inside(netns):
@@ -167,7 +146,7 @@ def test_image_url_chat_through_ascend_vllm_serve(tmp_path, netns, model, vl_env
         server.close()
     # the chat template's rendering of that message, through plain vLLM CPU with the same image
     rendered = f"<|im_start|>user\n{IMAGE_PLACEHOLDER} w5 w6 <|im_end|>\n<|im_start|>assistant\n"
-    cpu = vl_host("vl-cpu", "cpu", "v1")
+    cpu = image_only_host("vl-cpu", "cpu", "v1")
     want, _ = _generate(cpu, model, [{"prompt": rendered, "multi_modal_data": {"image": uri}}], usage=False,
                         max_tokens=SERVED_TOKENS)
     assert reply.usage.prompt_tokens == len(want[0]["prompt_token_ids"])
@@ -183,12 +162,12 @@ NPU_ENGINE = ENGINE | {"dtype": "bfloat16", "block_size": 128}
 NPU_BACKENDS = {"npu": {"kernel_backend": "npu", "kernel_checks": True}, "auto": {"kernel_checks": True}}
 
 
-def test_npu_binding_serves_the_vision_tower_like_the_reference_kernels(vl_host, model, prompts):
+def test_npu_binding_serves_the_vision_tower_like_the_reference_kernels(image_only_host, model, prompts):
     """The same batch with `kernel_backend="npu"`: the vision blocks' attention is torch_npu's FIA in TND (head dim
     16 padded to 128) through the schema-faithful fake, nothing falls back, and the greedy tokens are the reference
     kernels' in the same lane and dtype (up to a bfloat16 near-tie: `check_logprobs_close`)."""
     # MRV2 (the lane's default): its logprobs are the facade's; V1's sampler compiles them with inductor (~1 min)
-    host = vl_host("vl-npu", "simulated", None, {"ASCEND_TESTKIT_TORCH_NPU": "1"})
+    host = image_only_host("vl-npu", "simulated", None, {"ASCEND_TESTKIT_TORCH_NPU": "1"})
     runs = {}
     for backend, config in NPU_BACKENDS.items():
         host.start(model, **NPU_ENGINE, additional_config=config)
