@@ -137,6 +137,8 @@ class ServerProcess:
         self.log_path = Path(log_path)
         self._log = open(self.log_path, "wb")  # noqa: SIM115 - lives as long as the process
         cmd = netns.command(argv) if netns is not None else argv
+        # Fatal signals print every Python thread's stack to the log: `wait_healthy` aborts a hung start with one.
+        env = {**env, "PYTHONFAULTHANDLER": "1"}
         self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT,
                                      env=env, start_new_session=True, preexec_fn=_die_with_parent)
         self.started_at = time.monotonic()
@@ -217,10 +219,20 @@ class ServerProcess:
                 self.ready_after_s = time.monotonic() - self.started_at
                 return self
             if time.monotonic() > deadline:
+                self._abort_with_stacks()
                 self.close()
                 raise ServerStartError(f"{self.name} not healthy at {self.url}{path} within {timeout:.0f} s; "
-                                       f"log tail ({self.log_path}):\n{self.log_tail()}")
+                                       f"log tail with its processes' stacks ({self.log_path}):\n"
+                                       f"{self.log_tail(160)}")
             time.sleep(0.25)
+
+    def _abort_with_stacks(self, wait_s: float = 10.0) -> None:
+        """SIGABRT the group: each of its Python processes writes where every thread of it stands to the log on the
+        way out (a start that hangs says where; CI once saw a restarted server stop mid-start with no clue)."""
+        self._signal_group(signal.SIGABRT)
+        deadline = time.monotonic() + wait_s
+        while (self.alive or self._group_alive()) and time.monotonic() < deadline:  # `alive` reaps the leader
+            time.sleep(0.1)
 
     def log_tail(self, n: int = 40) -> str:
         try:
