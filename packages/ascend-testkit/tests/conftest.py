@@ -8,6 +8,8 @@ import importlib.util
 import sys
 from pathlib import Path
 
+import pytest
+
 KERNELS_LOADER = "ascend_kernels_tests_vllm_triton"
 
 
@@ -24,3 +26,18 @@ def kernels_loader():
 
 
 kernels_loader().switch_on()
+
+
+@pytest.fixture(scope="module")
+def torch_npu():
+    """The testkit's torch_npu (tiny-model limits) installed for a module, the NPU backend's cached module and probe
+    cleared around it (a module defining its own `torch_npu` fixture overrides this one)."""
+    from ascend_kernels import npu_backend, npu_probe
+    from ascend_testkit import torch_npu as fake
+
+    module = fake.install("tiny-models")
+    npu_backend._torch_npu.cache_clear()
+    yield module
+    fake.uninstall()
+    npu_backend._torch_npu.cache_clear()
+    npu_probe.torch_npu_status.cache_clear()

@@ -14,18 +14,8 @@ from ascend_testkit import torch_npu as fake
 TOL = {"atol": 2e-5, "rtol": 2e-5}
 
 
-@pytest.fixture(scope="module")
-def torch_npu():
-    module = fake.install("tiny-models")
-    npu_backend._torch_npu.cache_clear()
-    yield module
-    fake.uninstall()
-    npu_backend._torch_npu.cache_clear()
-    npu_probe.torch_npu_status.cache_clear()
-
-
 @pytest.fixture(autouse=True)
-def _fresh_counts(torch_npu):
+def _fresh_counts(torch_npu):  # the fake installed by conftest's `torch_npu`
     fake.reset_calls()
     npu_usage.reset()
 

@@ -6,23 +6,27 @@ States are the Mamba-style state pool vLLM plans for the layer, read and written
 states `[slots, dim, width - 1]` (strided views allowed), recurrent states `[slots, num_v_heads, head_v_dim,
 head_k_dim]`. Sequences are packed along the token axis and cut by `query_start_loc` (`[num_seqs + 1]`).
 
-On an NPU the reference runs on the device for now. torch_npu 2.13.0 does declare GDN ops (`npu_fused_causal_conv1d`,
-`npu_chunk_gated_delta_rule`, `npu_recurrent_gated_delta_rule`), but their layouts (state orientation, head order,
-the conv's `run_mode` and `initial_state_mode`) are not yet pinned against a card or a semantic fake here, so no
-binding calls them; the facade counts these ops as `npu:<op>` running the reference (see docs/hybrid_models.md).
+On an NPU the gated delta rule runs torch_npu 2.13.0's `npu_chunk_gated_delta_rule` (prefill) and
+`npu_recurrent_gated_delta_rule` (decode), as its API docs state them (`ascend_kernels.npu_gdn`). The conv and the
+gating run the reference on the device: torch_npu's `npu_fused_causal_conv1d` has modes (`run_mode`,
+`initial_state_mode`, `conv_mode`) its docs here do not pin, and there is no gating kernel; the facade counts these
+as `npu:<op>` running the reference (see docs/hybrid_models.md).
 """
 
 from __future__ import annotations
 
 from ascend_kernels import validation as _v
-from ascend_kernels.op_registry import kernel_op, reference_on_device
+from ascend_kernels.op_registry import NpuBinding, kernel_op, reference_on_device
 from ascend_kernels.reference import gdn as _ref
 
-_NPU_NOTE = (
-    "torch_npu 2.13.0 declares npu_fused_causal_conv1d / npu_chunk_gated_delta_rule / npu_recurrent_gated_delta_rule, "
-    "but their layouts are not pinned here yet; the reference runs on the NPU"
-)
-_NPU = reference_on_device("gdn", _NPU_NOTE)
+_NPU = reference_on_device("gdn", "torch_npu 2.13.0's npu_fused_causal_conv1d modes are not pinned by its docs, and "
+                                  "there is no gating kernel: the reference runs on the NPU")
+_NPU_CHUNK = NpuBinding(target="torch_npu.npu_chunk_gated_delta_rule", kind="torch_npu",
+                        impl="ascend_kernels.npu_gdn:chunk_gated_delta_rule",
+                        note="bfloat16, Dk = Dv = 128, at most 64 heads; q/k L2-normalised before the call")
+_NPU_RECURRENT = NpuBinding(target="torch_npu.npu_recurrent_gated_delta_rule", kind="torch_npu",
+                            impl="ascend_kernels.npu_gdn:recurrent_gated_delta_rule",
+                            note="bfloat16; a strided state pool is gathered into a dense block and scattered back")
 
 
 def _packed(op: str, x) -> None:
@@ -134,7 +138,7 @@ def gdn_gating(A_log, a, b, dt_bias):  # noqa: N803
     `beta = sigmoid(b)`."""
 
 
-@kernel_op(validate=check_chunk_gated_delta_rule, reference=_ref.chunk_gated_delta_rule, npu=_NPU)
+@kernel_op(validate=check_chunk_gated_delta_rule, reference=_ref.chunk_gated_delta_rule, npu=_NPU_CHUNK)
 def chunk_gated_delta_rule(q, k, v, g, beta, ssm_states, query_start_loc, state_indices, has_initial_state,
                            scale: float, qk_l2norm: bool = True, chunk_size: int = 64):
     """The gated delta rule over each sequence (prefill chunks), from its recurrent state
@@ -144,7 +148,8 @@ def chunk_gated_delta_rule(q, k, v, g, beta, ssm_states, query_start_loc, state_
     head_v_dim]` in v's dtype; `chunk_size` is the length the WY form works on (any length gives the same rule)."""
 
 
-@kernel_op(validate=check_recurrent_gated_delta_rule, reference=_ref.recurrent_gated_delta_rule, npu=_NPU)
+@kernel_op(validate=check_recurrent_gated_delta_rule, reference=_ref.recurrent_gated_delta_rule,
+           npu=_NPU_RECURRENT)
 def recurrent_gated_delta_rule(q, k, v, g, beta, ssm_states, state_indices, scale: float, qk_l2norm: bool = True,
                                pad_slot_id: int = -1):
     """One decode token per sequence: the gated delta rule's step from the state `ssm_states[state_indices[i]]`,

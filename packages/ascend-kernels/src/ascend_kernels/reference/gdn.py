@@ -74,7 +74,9 @@ def gdn_gating(A_log, a, b, dt_bias):  # noqa: N803 (the model's parameter name)
     return g, torch.sigmoid(b.float())
 
 
-def _l2norm(x: torch.Tensor) -> torch.Tensor:
+def l2norm(x: torch.Tensor) -> torch.Tensor:
+    """x scaled to unit L2 norm over its last dim (float32 in, float32 out; the NPU bindings normalise with it too,
+    since torch_npu's gated delta rule kernels take q and k already normalised)."""
     return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + L2NORM_EPS)
 
 
@@ -82,7 +84,7 @@ def _prepare(q, k, v, qk_l2norm: bool):
     """float32 q, k (L2-normalised when asked, repeated to the value heads) and v, each `[tokens, hv, dim]`."""
     q, k, v = q.float(), k.float(), v.float()
     if qk_l2norm:
-        q, k = _l2norm(q), _l2norm(k)
+        q, k = l2norm(q), l2norm(k)
     group = v.shape[1] // k.shape[1]
     if group > 1:
         q, k = q.repeat_interleave(group, dim=1), k.repeat_interleave(group, dim=1)

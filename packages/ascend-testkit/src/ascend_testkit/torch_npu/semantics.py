@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from ascend_testkit.torch_npu import grouped_matmul, moe_routing, norms, quant, rotary, top_k_top_p
+from ascend_testkit.torch_npu import gated_delta, grouped_matmul, moe_routing, norms, quant, rotary, top_k_top_p
 
 OWN: dict[str, Callable] = {
     "npu_rms_norm": norms.npu_rms_norm,
@@ -21,6 +21,8 @@ OWN: dict[str, Callable] = {
     "npu_quant_matmul": quant.npu_quant_matmul,
     "npu_weight_quant_batchmatmul": quant.npu_weight_quant_batchmatmul,
     "npu_anti_quant": quant.npu_anti_quant,
+    "npu_recurrent_gated_delta_rule": gated_delta.npu_recurrent_gated_delta_rule,
+    "npu_chunk_gated_delta_rule": gated_delta.npu_chunk_gated_delta_rule,
 }
 
 
