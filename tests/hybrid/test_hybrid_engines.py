@@ -8,6 +8,10 @@ kernel facade's conv / gated delta rule ops (`ascend_platform.models.qwen_gdn`).
 ones are prefilled in chunks (a chunk resumes from the stored conv and recurrent state), and a repeated prompt hits
 the prefix cache (vLLM's "align" Mamba cache mode, which prefix caching turns on for hybrids).
 
+The NPU kernel backend runs the same model too (V1 runner, over the testkit's torch_npu: the wheel's schemas and meta
+functions, the ops as torch_npu's docs state them): its gated delta rule goes through torch_npu's chunk and
+recurrent kernels (`ascend_kernels.npu_gdn`), with no fallback to the reference.
+
 bf16 is what vLLM CPU's GDN layer takes, so the lanes are compared as vLLM's model tests compare them
 (`check_logprobs_close`: equal tokens, or at the first divergence each side's token in the other's top 5).
 
@@ -46,22 +50,36 @@ def prompts() -> list[str]:
     return [prompt_of_length(n, offset=3 * n) for n in LENGTHS]
 
 
-def run(host, model: str, prompts: list[str], usage: bool = True) -> dict:
+FAKE_CALLS = "ascend_testkit.torch_npu_probes:fake_calls"
+
+
+def _delta(now: dict, then: dict) -> dict:
+    return {k: v - then.get(k, 0) for k, v in now.items() if v != then.get(k, 0)}
+
+
+def run(host, model: str, prompts: list[str], usage: bool = True, kernel_backend: str | None = None) -> dict:
     """Greedy outputs of `prompts` (one batch), then the longest prompt again (a prefix-cache hit), from a fresh
     engine on `host`; in the simulated lane also the worker's usage deltas and its KV layout (and every kernel call's
-    arguments checked against the facade's contracts)."""
-    host.start(model, **ENGINE, **({"additional_config": {"kernel_checks": True}} if usage else {}))
+    arguments checked against the facade's contracts); on the NPU kernel backend the fake torch_npu's op calls and
+    the bindings' fallbacks too."""
+    config = {"kernel_checks": True} | ({"kernel_backend": kernel_backend} if kernel_backend else {})
+    host.start(model, **ENGINE, **({"additional_config": config} if usage else {}))
     try:
-        before = dict(host.usage()[0]["counts"]) if usage else {}
+        before = host.usage()[0] if usage else {}
+        calls = host.rpc(FAKE_CALLS)[0] if kernel_backend else {}
         out = host.generate(prompts, max_tokens=MAX_TOKENS, logprobs=LOGPROBS, ignore_eos=True)["outputs"]
         again = host.generate(prompts[-1:], max_tokens=MAX_TOKENS, logprobs=LOGPROBS, ignore_eos=True)["outputs"]
         result = {"outputs": out, "again": again[0],
                   "groups": host.rpc("ascend_testkit.kv_probes:kv_groups")[0]}
         if usage:
             after = host.usage()[0]
-            result["delta"] = {k: v - before.get(k, 0) for k, v in after["counts"].items() if v != before.get(k, 0)}
+            result["delta"] = _delta(after["counts"], before["counts"])
             result["runner"] = after["facts"]["runner_class"]
             result["layers"] = host.rpc("ascend_testkit.kv_probes:hybrid_kv")[0]
+            result["fallbacks"] = _delta(after["fallbacks"], before["fallbacks"])
+            result["fallback_reasons"] = after["fallback_reasons"]
+        if kernel_backend:
+            result["fake_calls"] = _delta(host.rpc(FAKE_CALLS)[0], calls)
     finally:
         host.stop()
     return result
@@ -79,6 +97,14 @@ def ours(request, image_only_host, model_path, prompts) -> dict:
     result = run(image_only_host(f"hybrid-sim-{runner or 'default'}", "simulated", runner), model_path, prompts)
     result["expected_runner"] = RUNNERS[runner]
     return result
+
+
+@pytest.fixture(scope="module")
+def ours_npu(image_only_host, model_path, prompts) -> dict:
+    """The NPU kernel backend over the testkit's torch_npu (installed in the engine's process by the testkit's vLLM
+    plugin), V1 runner."""
+    host = image_only_host("hybrid-npu-v1", "simulated", "v1", env={"ASCEND_TESTKIT_TORCH_NPU": "1"})
+    return run(host, model_path, prompts, kernel_backend="npu")
 
 
 def test_the_checkpoint_is_a_hybrid_whose_blocks_prompts_cross(reference):
@@ -134,3 +160,16 @@ def test_a_repeated_prompt_hits_the_prefix_cache(ours, reference):
         assert result["again"]["num_cached_tokens"] > 0, result["again"]["num_cached_tokens"]
     assert ours["again"]["token_ids"] == ours["outputs"][-1]["token_ids"]
     check_logprobs_close([ours["again"]], [reference["again"]], name_0="simulated NPU", name_1="vLLM CPU")
+
+
+def test_the_npu_backend_runs_torch_npus_gated_delta_rule_kernels(ours_npu, reference):
+    check_logprobs_close(ours_npu["outputs"], reference["outputs"], name_0="NPU kernels", name_1="vLLM CPU")
+    check_logprobs_close([ours_npu["again"]], [reference["again"]], name_0="NPU kernels", name_1="vLLM CPU")
+    calls, delta, why = ours_npu["fake_calls"], ours_npu["delta"], ours_npu["fallback_reasons"]
+    gdn_layers = TinyHybridSpec().layer_types.count("linear_attention")
+    # Prefill chunks and decode steps each call the kernel once per GDN layer: decodes of 4 requests, 9 steps each.
+    assert calls.get("npu_chunk_gated_delta_rule", 0) >= gdn_layers * 2, (calls, why)
+    assert calls.get("npu_recurrent_gated_delta_rule", 0) >= gdn_layers * (MAX_TOKENS - 1), (calls, why)
+    assert delta.get("gdn.prefill_resumed", 0) > 0, delta  # a chunk resumed from the kernel's stored state
+    gdn_fallbacks = {op: n for op, n in ours_npu["fallbacks"].items() if "gated_delta_rule" in op}
+    assert not gdn_fallbacks, (gdn_fallbacks, why)
