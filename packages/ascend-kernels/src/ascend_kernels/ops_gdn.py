@@ -8,9 +8,9 @@ head_k_dim]`. Sequences are packed along the token axis and cut by `query_start_
 
 On an NPU the gated delta rule runs torch_npu 2.13.0's `npu_chunk_gated_delta_rule` (prefill) and
 `npu_recurrent_gated_delta_rule` (decode), as its API docs state them (`ascend_kernels.npu_gdn`). The conv and the
-gating run the reference on the device: torch_npu's `npu_fused_causal_conv1d` has modes (`run_mode`,
-`initial_state_mode`, `conv_mode`) its docs here do not pin, and there is no gating kernel; the facade counts these
-as `npu:<op>` running the reference (see docs/hybrid_models.md).
+gating run the reference on the device: torch_npu's `npu_fused_causal_conv1d` is documented for the Atlas 350 only,
+with its kernel width fixed at 3 (Qwen3-Next and Qwen3.5 convolve over 4) and no activation, and there is no gating
+kernel; the facade counts these as `npu:<op>` running the reference (see docs/hybrid_models.md).
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from ascend_kernels import validation as _v
 from ascend_kernels.op_registry import NpuBinding, kernel_op, reference_on_device
 from ascend_kernels.reference import gdn as _ref
 
-_NPU = reference_on_device("gdn", "torch_npu 2.13.0's npu_fused_causal_conv1d modes are not pinned by its docs, and "
-                                  "there is no gating kernel: the reference runs on the NPU")
+_NPU = reference_on_device("gdn", "torch_npu's npu_fused_causal_conv1d is documented for the Atlas 350 only, width 3 "
+                                  "(these models use 4), and there is no gating kernel: the reference runs on the NPU")
 _NPU_CHUNK = NpuBinding(target="torch_npu.npu_chunk_gated_delta_rule", kind="torch_npu",
                         impl="ascend_kernels.npu_gdn:chunk_gated_delta_rule",
                         note="bfloat16, Dk = Dv = 128, at most 64 heads; q/k L2-normalised before the call")

@@ -1,4 +1,4 @@
-"""A tiny random Qwen2.5-VL checkpoint built on the spot, with a processor that loads offline.
+"""Tiny random Qwen2.5-VL and Qwen3-VL checkpoints built on the spot, with processors that load offline.
 
 The checkpoint is a `Qwen2_5_VLForConditionalGeneration` (vLLM's `qwen2_5_vl.py`): a two-block vision tower (block 0
 windowed attention, block 1 full attention, as `fullatt_block_indexes` says) whose 2x2-merged patches become image
@@ -12,6 +12,10 @@ word) that also knows Qwen's special tokens as added tokens, so `<|vision_start|
 into their ids without spaces. A chat template renders OpenAI image parts as that placeholder (what
 `ascend-vllm serve` applies to an `image_url` message). Its video processor is named `ImageOnlyVideoProcessor`, which
 `allow_image_only_processor` registers where torchvision is missing (see there).
+
+The Qwen3-VL (`Qwen3VLForConditionalGeneration`, vLLM's `qwen3_vl.py`) shares the text shape, tokenizer and chat
+template; its vision tower has 16-pixel patches, learned position embeddings interpolated to each image's grid and a
+DeepStack merger, and its text model interleaves the M-RoPE sections.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ QWEN_SPECIALS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|
 ROLE_WORDS = ("system", "user", "assistant")
 IMAGE_PLACEHOLDER = "<|vision_start|><|image_pad|><|vision_end|>"
 PATCH_SIZE = 14
+QWEN3_VL_PATCH_SIZE = 16
 MERGE_SIZE = 2
 
 CHAT_TEMPLATE = (
@@ -86,18 +91,10 @@ def _vocab_total(spec: TinyVisionLanguageSpec) -> int:
     return spec.vocab_size + len(ROLE_WORDS) + len(QWEN_SPECIALS)
 
 
-def build_tiny_qwen2_5_vl(path: str | os.PathLike, spec: TinyVisionLanguageSpec = TinyVisionLanguageSpec()) -> Path:
-    import torch
-    from transformers import (
-        Qwen2_5_VLConfig,
-        Qwen2_5_VLForConditionalGeneration,
-    )
-    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
-
-    path = Path(path)
-    path.mkdir(parents=True, exist_ok=True)
+def _text_config(spec: TinyVisionLanguageSpec, **extra) -> dict:
     ids = token_ids(spec)
-    text = {
+    rope = {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": list(spec.mrope_section)}
+    return {
         "vocab_size": _vocab_total(spec),
         "hidden_size": spec.hidden_size,
         "intermediate_size": spec.intermediate_size,
@@ -106,48 +103,108 @@ def build_tiny_qwen2_5_vl(path: str | os.PathLike, spec: TinyVisionLanguageSpec 
         "num_key_value_heads": spec.num_kv_heads,
         "max_position_embeddings": spec.max_position_embeddings,
         "initializer_range": spec.initializer_range,
-        "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": list(spec.mrope_section)},
+        "rope_parameters": rope | extra.pop("rope", {}),
         "bos_token_id": 1,
         "eos_token_id": ids["<|im_end|>"],
         "pad_token_id": ids["<|endoftext|>"],
+        **extra,
     }
-    vision = {
+
+
+def _vision_config(spec: TinyVisionLanguageSpec, patch_size: int, **extra) -> dict:
+    return {
         "depth": spec.vision_depth,
         "hidden_size": spec.vision_hidden_size,
         "intermediate_size": spec.vision_intermediate_size,
         "num_heads": spec.vision_heads,
-        "patch_size": PATCH_SIZE,
+        "patch_size": patch_size,
         "spatial_merge_size": MERGE_SIZE,
         "temporal_patch_size": 2,
-        "window_size": spec.window_size,
         "out_hidden_size": spec.hidden_size,
-        "fullatt_block_indexes": [spec.vision_depth - 1],
         "initializer_range": spec.initializer_range,
+        **extra,
     }
-    config = Qwen2_5_VLConfig(
-        text_config=text,
-        vision_config=vision,
-        image_token_id=ids["<|image_pad|>"],
-        video_token_id=ids["<|video_pad|>"],
-        vision_start_token_id=ids["<|vision_start|>"],
-        vision_end_token_id=ids["<|vision_end|>"],
-        tie_word_embeddings=False,
-        torch_dtype="float32",
-    )
-    torch.manual_seed(spec.seed)
-    Qwen2_5_VLForConditionalGeneration(config).save_pretrained(path, safe_serialization=True)
+
+
+def _vision_token_ids(spec: TinyVisionLanguageSpec) -> dict:
+    ids = token_ids(spec)
+    return {"image_token_id": ids["<|image_pad|>"], "video_token_id": ids["<|video_pad|>"],
+            "vision_start_token_id": ids["<|vision_start|>"], "vision_end_token_id": ids["<|vision_end|>"],
+            "tie_word_embeddings": False, "torch_dtype": "float32"}
+
+
+def _save(path: Path, spec: TinyVisionLanguageSpec, model, image_processor, video_processor: dict) -> Path:
+    """The seeded random model, the tokenizer, the PIL image processor, the image-only video processor's config (the
+    type `allow_image_only_processor` registers: Qwen-VL's own need torchvision) and the chat template."""
+    model.save_pretrained(path, safe_serialization=True)
     _save_tokenizer(path, spec)
+    image_processor.save_pretrained(path)
+    (path / "video_preprocessor_config.json").write_text(json.dumps(
+        {"video_processor_type": "ImageOnlyVideoProcessor", "merge_size": MERGE_SIZE, "temporal_patch_size": 2,
+         **video_processor}, indent=2))
+    (path / "chat_template.jinja").write_text(CHAT_TEMPLATE)
+    return path
+
+
+def build_tiny_qwen2_5_vl(path: str | os.PathLike, spec: TinyVisionLanguageSpec = TinyVisionLanguageSpec()) -> Path:
+    import torch
+    from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    vision = _vision_config(spec, PATCH_SIZE, window_size=spec.window_size,
+                            fullatt_block_indexes=[spec.vision_depth - 1])
+    config = Qwen2_5_VLConfig(text_config=_text_config(spec), vision_config=vision, **_vision_token_ids(spec))
+    torch.manual_seed(spec.seed)
     image_processor = Qwen2VLImageProcessorPil(
         patch_size=PATCH_SIZE, merge_size=MERGE_SIZE, temporal_patch_size=2,
         min_pixels=spec.min_pixels, max_pixels=spec.max_pixels,
     )
-    image_processor.save_pretrained(path)
-    # the video processor `allow_image_only_processor` registers (Qwen-VL's own need torchvision)
-    (path / "video_preprocessor_config.json").write_text(json.dumps(
-        {"video_processor_type": "ImageOnlyVideoProcessor", "merge_size": MERGE_SIZE, "patch_size": PATCH_SIZE,
-         "temporal_patch_size": 2}, indent=2))
-    (path / "chat_template.jinja").write_text(CHAT_TEMPLATE)
-    return path
+    return _save(path, spec, Qwen2_5_VLForConditionalGeneration(config), image_processor,
+                 {"patch_size": PATCH_SIZE})
+
+
+@dataclass(frozen=True)
+class TinyQwen3VLSpec(TinyVisionLanguageSpec):
+    """Qwen3-VL's shape, tiny: 16-pixel patches, learned position embeddings interpolated to each image's grid (an 8 x 8
+    table), a DeepStack merger after vision block 0 whose features are added to the first text layer's hidden states,
+    interleaved M-RoPE; head dims as the Qwen2.5-VL spec's (vision 16, text 32)."""
+
+    num_position_embeddings: int = 64
+    deepstack_visual_indexes: tuple[int, ...] = (0,)
+    max_pixels: int = 128 * 128  # at most 64 patches (16 image tokens) per image
+    min_pixels: int = 32 * 32
+
+
+def build_tiny_qwen3_vl(path: str | os.PathLike, spec: TinyQwen3VLSpec = TinyQwen3VLSpec()) -> Path:
+    import torch
+    from transformers import Qwen3VLConfig, Qwen3VLForConditionalGeneration
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    text = _text_config(spec, head_dim=spec.hidden_size // spec.num_heads, rope={"mrope_interleaved": True})
+    vision = _vision_config(spec, QWEN3_VL_PATCH_SIZE, num_position_embeddings=spec.num_position_embeddings,
+                            deepstack_visual_indexes=list(spec.deepstack_visual_indexes))
+    config = Qwen3VLConfig(text_config=text, vision_config=vision, **_vision_token_ids(spec))
+    torch.manual_seed(spec.seed)
+    image_processor = Qwen2VLImageProcessorPil(
+        patch_size=QWEN3_VL_PATCH_SIZE, merge_size=MERGE_SIZE, temporal_patch_size=2,
+        size={"shortest_edge": spec.min_pixels, "longest_edge": spec.max_pixels},
+        image_mean=[0.5, 0.5, 0.5], image_std=[0.5, 0.5, 0.5],
+    )
+    # vLLM sizes Qwen3-VL's video budget from the video processor's `size` even with no videos allowed (its pixel
+    # cap counts the 2 frames a temporal patch merges)
+    video = {"patch_size": QWEN3_VL_PATCH_SIZE, "fps": 2, "min_frames": 4, "max_frames": 8,
+             "size": {"shortest_edge": 2 * spec.min_pixels, "longest_edge": 2 * spec.max_pixels}}
+    return _save(path, spec, Qwen3VLForConditionalGeneration(config), image_processor, video)
+
+
+def cached_tiny_qwen3_vl(spec: TinyQwen3VLSpec = TinyQwen3VLSpec(), cache_dir: str | os.PathLike | None = None
+                         ) -> Path:
+    folder = Path(cache_dir or default_cache_dir()) / f"tiny-qwen3_vl-{spec.key()}"
+    return built_once(folder, lambda tmp: build_tiny_qwen3_vl(tmp, spec))
 
 
 def cached_tiny_qwen2_5_vl(

@@ -1,11 +1,13 @@
-"""A vision-language model (a tiny random Qwen2.5-VL) served with images in the simulated-NPU lane, against plain
-vLLM CPU on the same checkpoint: one batch of two images of different sizes (so different patch counts, windows and
-image-token counts) and a text-only prompt, greedy tokens equal, on both model runners; and one OpenAI chat request
-with an `image_url` (data: URI) through `ascend-vllm serve`.
+"""Vision-language models (tiny random Qwen2.5-VL and Qwen3-VL) served with images in the simulated-NPU lane, against
+plain vLLM CPU on the same checkpoint: one batch of two images of different sizes (so different patch counts, windows
+and image-token counts) and a text-only prompt, greedy tokens equal, on both model runners; and, for Qwen2.5-VL, one
+OpenAI chat request with an `image_url` (data: URI) through `ascend-vllm serve` and the NPU kernel backend.
 
-The vision tower's attention (vLLM's `MMEncoderAttention`: block 0 windowed, block 1 full) runs through the platform's
-out-of-tree `AscendMMEncoderAttention` and the kernel facade's `vision_attention`, and the text model's through the
-ASCEND backend with its paged cache; the worker's usage counters say so. Plain vLLM CPU runs torch SDPA for both.
+The vision tower's attention (vLLM's `MMEncoderAttention`; Qwen2.5-VL: block 0 windowed, block 1 full; Qwen3-VL:
+full attention over interpolated position embeddings, with a DeepStack merger feeding the text model) runs through
+the platform's out-of-tree `AscendMMEncoderAttention` and the kernel facade's `vision_attention`, and the text model's
+through the ASCEND backend with its paged cache; the worker's usage counters say so. Plain vLLM CPU runs torch SDPA
+for both.
 
 The hosts run `allow_image_only_processor` first in every process (a `sitecustomize`): transformers 5.19 cannot build
 any Qwen-VL processor without torchvision (its video processors need it), nor can vLLM import its Qwen-VL model file;
@@ -21,6 +23,7 @@ from ascend_testkit.models.vision_language import (
     IMAGE_PLACEHOLDER,
     TinyVisionLanguageSpec,
     cached_tiny_qwen2_5_vl,
+    cached_tiny_qwen3_vl,
     image_data_uri,
     synthetic_image,
 )
@@ -34,14 +37,29 @@ ENGINE = {"dtype": "float32", "max_model_len": 512, "enforce_eager": True, "max_
 SAMPLING = {"max_tokens": 8}
 VISION_DEPTH = TinyVisionLanguageSpec().vision_depth
 NUM_LAYERS = TinyVisionLanguageSpec().num_layers
-# (width, height, seed): 84x56 is 4x6 patches (6 image tokens); 112x140 is resized to 84x112 under max_pixels,
-# 6x8 patches (12 tokens)
+# (width, height, seed) of the two images
 IMAGES = ((84, 56, 1), (112, 140, 2))
+# Their image tokens per family. Qwen2.5-VL (14-pixel patches, 2x2 merged): 84x56 is 4x6 patches, 6 tokens; 112x140 is
+# resized to 84x112 under max_pixels, 6x8 patches, 12 tokens. Qwen3-VL (16-pixel patches): 84x56 is resized to 96x64,
+# 4x6 patches, 6 tokens; 112x140 to 128x128, 8x8 patches, 16 tokens.
+IMAGE_TOKENS = {"qwen2_5_vl": (6, 12), "qwen3_vl": (6, 16)}
+FAMILIES = {"qwen2_5_vl": cached_tiny_qwen2_5_vl, "qwen3_vl": cached_tiny_qwen3_vl}
 RUNNERS = {"v1": "SimulatedModelRunnerV1", None: "SimulatedModelRunnerV2"}
+
+
+@pytest.fixture(scope="module", params=list(FAMILIES))
+def family(request) -> str:
+    return request.param
+
+
+@pytest.fixture(scope="module")
+def family_model(cache_root, family) -> str:
+    return str(FAMILIES[family](cache_dir=cache_root / "models"))
 
 
 @pytest.fixture(scope="module")
 def model(cache_root) -> str:
+    """Qwen2.5-VL: what the serving and NPU-backend tests run."""
     return str(cached_tiny_qwen2_5_vl(cache_dir=cache_root / "models"))
 
 
@@ -80,23 +98,25 @@ def _generate(host, model: str, prompts: list, usage: bool, max_tokens: int = SA
 
 
 @pytest.fixture(scope="module")
-def reference(image_only_host, model, prompts) -> list[dict]:
+def reference(image_only_host, family_model, prompts) -> list[dict]:
     """Plain vLLM CPU (V1, torch SDPA in the vision tower, its CPU attention in the text model)."""
-    outputs, _ = _generate(image_only_host("vl-cpu", "cpu", "v1"), model, prompts, usage=False)
+    outputs, _ = _generate(image_only_host("vl-cpu", "cpu", "v1"), family_model, prompts, usage=False)
     return outputs
 
 
-def test_reference_reads_the_images(reference):
+def test_reference_reads_the_images(reference, family):
     """The comparison below says something: the image tokens are there, and an image changes the output."""
     lengths = [len(o["prompt_token_ids"]) for o in reference]
-    assert lengths[0] == 6 + 6 and lengths[2] == 4 and lengths[1] > lengths[0]
+    first, second = IMAGE_TOKENS[family]
+    assert lengths[0] == 6 + first and lengths[1] == 4 + second and lengths[2] == 4, lengths
     assert reference[0]["token_ids"] != reference[3]["token_ids"]
 
 
 @pytest.mark.parametrize("runner", list(RUNNERS), ids=["v1", "mrv2"])
-def test_images_through_our_vision_attention_equal_vllm_cpu(image_only_host, model, prompts, reference, runner):
+def test_images_through_our_vision_attention_equal_vllm_cpu(image_only_host, family_model, prompts, reference,
+                                                            runner):
     host = image_only_host(f"vl-sim-{runner or 'default'}", "simulated", runner)
-    ours, report = _generate(host, model, prompts, usage=True)
+    ours, report = _generate(host, family_model, prompts, usage=True)
     assert [o["prompt_token_ids"] for o in ours] == [o["prompt_token_ids"] for o in reference]
     assert [o["token_ids"] for o in ours] == [o["token_ids"] for o in reference]
     assert report["runner"].endswith(RUNNERS[runner])
