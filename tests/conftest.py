@@ -224,12 +224,13 @@ def netns_host(host_pool, netns):
 
 @pytest.fixture(scope="session")
 def pd_pair(netns_host):
-    """`with pd_pair(model, name, ports, **engine) as (prefill, decode)`: a kv_producer engine on core 0 and a
-    kv_consumer engine on core 1 in the simulated lane, inside the loopback namespace, joined by
-    AscendMooncakeConnector on the side-channel `ports` (prefill, decode); both started together, stopped on exit."""
+    """`with pd_pair(model, name, ports, runner=None, **engine) as (prefill, decode)`: a kv_producer engine on core 0
+    and a kv_consumer engine on core 1 in the simulated lane (on `runner`, default the lane's), inside the loopback
+    namespace, joined by AscendMooncakeConnector on the side-channel `ports` (prefill, decode); both started together,
+    stopped on exit."""
 
     @contextlib.contextmanager
-    def pair(model, name: str, ports: tuple[int, int], **engine):
+    def pair(model, name: str, ports: tuple[int, int], runner: str | None = None, **engine):
         hosts = []
         try:
             for cpu, (role, port) in enumerate(zip(("kv_producer", "kv_consumer"), ports, strict=True)):
@@ -237,7 +238,7 @@ def pd_pair(netns_host):
                       "kv_load_failure_policy": "recompute",
                       "kv_connector_extra_config": {"side_channel_port": port, "abort_timeout_s": 30.0,
                                                     "handshake_timeout_s": 5.0, "claim_wait_s": 5.0}}
-                host = netns_host("simulated", cpu)
+                host = netns_host("simulated", cpu, runner)
                 host.start(str(model), wait=False, kv_transfer_config=kv, **engine)
                 hosts.append(host)
             for host in hosts:

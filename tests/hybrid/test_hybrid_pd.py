@@ -1,6 +1,6 @@
-"""Disaggregated prefill of a gated delta-net hybrid (tiny Qwen3-Next) over AscendMooncakeConnector: the decode
-engine continues from the GDN layers' conv and recurrent states and the full-attention KV the prefill engine left
-behind, and generates what a single engine generates.
+"""Disaggregated prefill of a gated delta-net hybrid (tiny Qwen3-Next) over AscendMooncakeConnector, on either model
+runner (both engines on MRV2, then both on V1): the decode engine continues from the GDN layers' conv and recurrent
+states and the full-attention KV the prefill engine left behind, and generates what a single engine generates.
 
 The tiny hybrid (`ascend_testkit.models.hybrid`: GDN layers 0 and 2, full attention 1 and 3, bf16 as vLLM CPU's GDN
 layer takes it) has two KV cache groups of one page size in one backing: a `MambaSpec` group (one state per request:
@@ -41,9 +41,14 @@ def hybrid_model(cache_root):
     return cached_tiny_qwen3_next(cache_dir=cache_root / "models")
 
 
-@pytest.fixture(scope="module")
-def hybrid_pd_engines(pd_pair, hybrid_model):
-    with pd_pair(hybrid_model, "hybrid", (PREFILL_PORT, DECODE_PORT), **ENGINE) as pair:
+# Both engines on one model runner: the simulated lane's default (Model Runner V2), then V1.
+RUNNERS = {"mrv2": None, "v1": "v1"}
+
+
+@pytest.fixture(scope="module", params=list(RUNNERS))
+def hybrid_pd_engines(request, pd_pair, hybrid_model):
+    with pd_pair(hybrid_model, "hybrid", (PREFILL_PORT, DECODE_PORT), runner=RUNNERS[request.param],
+                 **ENGINE) as pair:
         yield pair
 
 
