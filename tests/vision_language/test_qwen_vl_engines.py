@@ -25,6 +25,7 @@ from ascend_testkit.models.vision_language import (
     cached_tiny_qwen2_5_vl,
     cached_tiny_qwen3_vl,
     image_data_uri,
+    image_prompt,
     synthetic_image,
 )
 
@@ -63,20 +64,15 @@ def model(cache_root) -> str:
     return str(cached_tiny_qwen2_5_vl(cache_dir=cache_root / "models"))
 
 
-def _image_prompt(text_before: str, image, text_after: str) -> dict:
-    return {"prompt": f"{text_before} {IMAGE_PLACEHOLDER} {text_after}",
-            "multi_modal_data": {"image": image_data_uri(image)}}
-
-
 @pytest.fixture(scope="module")
 def prompts() -> list:
     (w0, h0, s0), (w1, h1, s1) = IMAGES
     return [
-        _image_prompt("w1 w2", synthetic_image(w0, h0, s0), "w3 w4"),
-        _image_prompt("w9", synthetic_image(w1, h1, s1), "w5"),
+        image_prompt("w1 w2", synthetic_image(w0, h0, s0), "w3 w4"),
+        image_prompt("w9", synthetic_image(w1, h1, s1), "w5"),
         "w7 w8 w11 w12",
         # the first prompt's text with another image of its size: the image, not the text, decides its tokens
-        _image_prompt("w1 w2", synthetic_image(w0, h0, s0 + 10), "w3 w4"),
+        image_prompt("w1 w2", synthetic_image(w0, h0, s0 + 10), "w3 w4"),
     ]
 
 

@@ -15,6 +15,7 @@ interpreter cannot run a kernel, failing.
 from __future__ import annotations
 
 import functools
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -23,7 +24,7 @@ from vllm.logger import init_logger
 from ascend_platform import usage
 from ascend_platform.ops import sampling_filter
 from ascend_platform.patches import REGISTRY
-from ascend_platform.simulated import triton_interpreter
+from ascend_platform.simulated import model_kernels, triton_interpreter
 from ascend_platform.simulated.mrv2_kernels import batch, logits_processors, sampling, spec_decode
 
 logger = init_logger(__name__)
@@ -102,6 +103,29 @@ def _cpu_fallbacks() -> dict[str, Callable]:
             REGISTRY.applied("simulated.cpu_fallback_table", table.update):
         CpuPlatform.register_triton_kernel_overrides()
     return table
+
+
+# Kernels of model code, which vLLM imports with the model: replaced once the model is loaded
+# (`register_model_kernels`), so that a worker serving another model never imports their modules.
+MODEL_STAND_INS: tuple[StandIn, ...] = (
+    StandIn(model_kernels.KERNELS[0], model_kernels.bilinear_pos_embed, "Qwen3-VL / Qwen3.5 vision encoder calls"),
+)
+_model_registered: set[str] = set()
+
+
+def register_model_kernels() -> None:
+    """After the model loads, with the interpreter on: stand-ins for the Triton kernels of the model code it imported
+    (`model_kernels`: kernels the interpreter computes wrong)."""
+    if not triton_interpreter.enabled():
+        return
+    from vllm.triton_utils.dispatcher import register_kernels
+
+    due = {s.kernel: _counted(s) for s in MODEL_STAND_INS
+           if s.kernel not in _model_registered and s.kernel.rsplit(".", 1)[0] in sys.modules}
+    if due:
+        register_kernels(due)
+        _model_registered.update(due)
+        logger.info("simulated lane: model kernels replaced by their eager twins: %s", ", ".join(sorted(due)))
 
 
 def register_for_lane() -> None:

@@ -124,6 +124,12 @@ class SimulatedModelRunnerV2(AscendRunnerV2Mixin, CPUModelRunnerV2):
     their per-step gather and slot mapping run as torch / `ascend_kernels` instead of interpreted Triton.
     """
 
+    def load_model(self, *args: Any, **kwargs: Any) -> None:
+        from ascend_platform.simulated import kernel_overrides
+
+        super().load_model(*args, **kwargs)
+        kernel_overrides.register_model_kernels()  # the model's module is imported now
+
     def initialize_kv_cache(self, kv_cache_config: Any, is_profiling: bool = False,
                             kv_cache_allocation_context: AbstractContextManager | None = None) -> None:
         from contextlib import ExitStack

@@ -84,14 +84,21 @@ def _save_random(path: str | os.PathLike, spec: TinyHybridSpec, model_cls, confi
     save_word_tokenizer(path, spec.vocab_size)
     config.architectures = [model_cls.__name__]
     torch.manual_seed(spec.seed)
+    random_gdn_model(model_cls, config).save_pretrained(path, safe_serialization=True)
+    return path
+
+
+def random_gdn_model(model_cls, config):
+    """`model_cls(config)` (seed it first) in bf16 with random GDN gates: HF initialises A_log / dt_bias / norms to
+    constants; random draws give every head its own decay and gate."""
+    import torch
+
     model = model_cls(config)
-    # HF initialises A_log / dt_bias / norms to constants; random draws give every head its own decay and gate.
     with torch.no_grad():
         for name, param in model.named_parameters():
             if name.endswith(("A_log", "dt_bias")):
                 param.uniform_(-1.0, 1.0)
-    model.to(torch.bfloat16).save_pretrained(path, safe_serialization=True)
-    return path
+    return model.to(torch.bfloat16)
 
 
 def build_tiny_qwen3_next(path: str | os.PathLike, spec: TinyHybridSpec = TinyHybridSpec()) -> Path:

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ascend_testkit.models.checkpoint_cache import built_once, default_cache_dir
+from ascend_testkit.models.hybrid import TinyHybridSpec, _hybrid_config_kwargs, random_gdn_model
 from ascend_testkit.models.tiny_llama import TinyModelSpec
 from ascend_testkit.models.word_tokenizer import SPECIALS, word
 
@@ -133,11 +134,31 @@ def _vision_token_ids(spec: TinyVisionLanguageSpec) -> dict:
             "tie_word_embeddings": False, "torch_dtype": "float32"}
 
 
-def _save(path: Path, spec: TinyVisionLanguageSpec, model, image_processor, video_processor: dict) -> Path:
+def _save_byte_level_tokenizer(path: Path, spec: TinyVisionLanguageSpec) -> None:
+    """A byte-level BPE in the shape of Qwen3.5's own: transformers builds `Qwen3_5Tokenizer` for a `qwen3_5` model
+    from the file's vocab and merges whatever class the file names, and a word-level vocabulary comes out of it as no
+    tokens at all. The 256 byte symbols, one merge ("Ġw"), Qwen's specials at `token_ids(spec)`. Qwen's pre-tokenizer
+    cuts digits one by one, so the word `w12` after a space is three tokens ("Ġw", "1", "2")."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {symbol: i for i, symbol in enumerate(sorted(pre_tokenizers.ByteLevel.alphabet()))}
+    vocab["Ġw"] = len(vocab)
+    specials = {tok: i for tok, i in token_ids(spec).items() if tok in QWEN_SPECIALS}
+    tok = Tokenizer(models.BPE(vocab=vocab | specials, merges=[("Ġ", "w")]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in specials])
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>")
+    fast.save_pretrained(path)
+
+
+def _save(path: Path, spec: TinyVisionLanguageSpec, model, image_processor, video_processor: dict,
+          save_tokenizer=_save_tokenizer) -> Path:
     """The seeded random model, the tokenizer, the PIL image processor, the image-only video processor's config (the
     type `allow_image_only_processor` registers: Qwen-VL's own need torchvision) and the chat template."""
     model.save_pretrained(path, safe_serialization=True)
-    _save_tokenizer(path, spec)
+    save_tokenizer(path, spec)
     image_processor.save_pretrained(path)
     (path / "video_preprocessor_config.json").write_text(json.dumps(
         {"video_processor_type": "ImageOnlyVideoProcessor", "merge_size": MERGE_SIZE, "temporal_patch_size": 2,
@@ -180,7 +201,6 @@ class TinyQwen3VLSpec(TinyVisionLanguageSpec):
 def build_tiny_qwen3_vl(path: str | os.PathLike, spec: TinyQwen3VLSpec = TinyQwen3VLSpec()) -> Path:
     import torch
     from transformers import Qwen3VLConfig, Qwen3VLForConditionalGeneration
-    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
@@ -189,6 +209,13 @@ def build_tiny_qwen3_vl(path: str | os.PathLike, spec: TinyQwen3VLSpec = TinyQwe
                             deepstack_visual_indexes=list(spec.deepstack_visual_indexes))
     config = Qwen3VLConfig(text_config=text, vision_config=vision, **_vision_token_ids(spec))
     torch.manual_seed(spec.seed)
+    return _save(path, spec, Qwen3VLForConditionalGeneration(config), *_qwen3_vl_processors(spec))
+
+
+def _qwen3_vl_processors(spec: TinyQwen3VLSpec) -> tuple[object, dict]:
+    """Qwen3-VL's PIL image processor and the image-only video processor's config."""
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
     image_processor = Qwen2VLImageProcessorPil(
         patch_size=QWEN3_VL_PATCH_SIZE, merge_size=MERGE_SIZE, temporal_patch_size=2,
         size={"shortest_edge": spec.min_pixels, "longest_edge": spec.max_pixels},
@@ -198,7 +225,39 @@ def build_tiny_qwen3_vl(path: str | os.PathLike, spec: TinyQwen3VLSpec = TinyQwe
     # cap counts the 2 frames a temporal patch merges)
     video = {"patch_size": QWEN3_VL_PATCH_SIZE, "fps": 2, "min_frames": 4, "max_frames": 8,
              "size": {"shortest_edge": 2 * spec.min_pixels, "longest_edge": 2 * spec.max_pixels}}
-    return _save(path, spec, Qwen3VLForConditionalGeneration(config), image_processor, video)
+    return image_processor, video
+
+
+def build_tiny_qwen3_5_vl(path: str | os.PathLike, spec: TinyHybridSpec | None = None) -> Path:
+    """Qwen3.5 with its vision tower (`Qwen3_5ForConditionalGeneration`): the tiny dense Qwen3.5 text model
+    (`hybrid.TinyHybridSpec`: gated delta-net and gated full attention layers, bf16) under Qwen3-VL's tower without
+    DeepStack, its M-RoPE interleaved over the partial rotary dims (a quarter of the 256-wide heads: sections 12 + 10
+    + 10 = 32 pairs), and a byte-level tokenizer (`_save_byte_level_tokenizer`: the word tokenizer cannot serve a
+    `qwen3_5` model)."""
+    import torch
+    from transformers import Qwen3_5Config, Qwen3_5ForConditionalGeneration
+
+    spec = spec or TinyHybridSpec()
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    vl = TinyQwen3VLSpec(hidden_size=spec.hidden_size, vocab_size=spec.vocab_size)
+    ids = token_ids(vl)
+    text = _hybrid_config_kwargs(spec) | {
+        "vocab_size": _vocab_total(vl), "eos_token_id": ids["<|im_end|>"], "pad_token_id": ids["<|endoftext|>"],
+        "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25,
+                            "mrope_section": [12, 10, 10], "mrope_interleaved": True}}
+    vision = _vision_config(vl, QWEN3_VL_PATCH_SIZE, num_position_embeddings=vl.num_position_embeddings)
+    config = Qwen3_5Config(text_config=text, vision_config=vision, **_vision_token_ids(vl))
+    config.architectures = [Qwen3_5ForConditionalGeneration.__name__]
+    torch.manual_seed(spec.seed)
+    return _save(path, vl, random_gdn_model(Qwen3_5ForConditionalGeneration, config), *_qwen3_vl_processors(vl),
+                 save_tokenizer=_save_byte_level_tokenizer)
+
+
+def cached_tiny_qwen3_5_vl(spec: TinyHybridSpec | None = None, cache_dir: str | os.PathLike | None = None) -> Path:
+    spec = spec or TinyHybridSpec()
+    folder = Path(cache_dir or default_cache_dir()) / f"tiny-qwen3_5_vl-{spec.key()}"
+    return built_once(folder, lambda tmp: build_tiny_qwen3_5_vl(tmp, spec))
 
 
 def cached_tiny_qwen3_vl(spec: TinyQwen3VLSpec = TinyQwen3VLSpec(), cache_dir: str | os.PathLike | None = None
@@ -285,6 +344,12 @@ def image_only_env(folder: str | os.PathLike, base: dict[str, str] | None = None
     (folder / "sitecustomize.py").write_text(SITECUSTOMIZE)
     current = (base if base is not None else os.environ).get("PYTHONPATH", "")
     return {"PYTHONPATH": os.pathsep.join(p for p in (str(folder), current) if p)}
+
+
+def image_prompt(text_before: str, image, text_after: str) -> dict:
+    """An engine host's prompt of `image` between two texts, the image as a data: URI."""
+    return {"prompt": f"{text_before} {IMAGE_PLACEHOLDER} {text_after}",
+            "multi_modal_data": {"image": image_data_uri(image)}}
 
 
 def image_data_uri(image) -> str:
