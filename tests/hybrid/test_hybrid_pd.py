@@ -41,14 +41,15 @@ def hybrid_model(cache_root):
     return cached_tiny_qwen3_next(cache_dir=cache_root / "models")
 
 
-# Both engines on one model runner: the simulated lane's default (Model Runner V2), then V1.
-RUNNERS = {"mrv2": None, "v1": "v1"}
+# Both engines on one model runner: the simulated lane's default (Model Runner V2), then V1; each pair on side-channel
+# ports of its own (a pair's ports are never the previous pair's, whatever their release takes).
+RUNNERS = {"mrv2": (None, (PREFILL_PORT, DECODE_PORT)), "v1": ("v1", (PREFILL_PORT + 300, DECODE_PORT + 300))}
 
 
 @pytest.fixture(scope="module", params=list(RUNNERS))
 def hybrid_pd_engines(request, pd_pair, hybrid_model):
-    with pd_pair(hybrid_model, "hybrid", (PREFILL_PORT, DECODE_PORT), runner=RUNNERS[request.param],
-                 **ENGINE) as pair:
+    runner, ports = RUNNERS[request.param]
+    with pd_pair(hybrid_model, f"hybrid-{request.param}", ports, runner=runner, **ENGINE) as pair:
         yield pair
 
 
