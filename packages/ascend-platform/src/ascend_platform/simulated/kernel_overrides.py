@@ -113,6 +113,12 @@ MODEL_STAND_INS: tuple[StandIn, ...] = (
 _model_registered: set[str] = set()
 
 
+def _loaded(kernel: str) -> bool:
+    """The kernel's module is imported and defines it (vLLM defines some only with Triton on)."""
+    module, name = kernel.rsplit(".", 1)
+    return hasattr(sys.modules.get(module), name)
+
+
 def register_model_kernels() -> None:
     """After the model loads, with the interpreter on: stand-ins for the Triton kernels of the model code it imported
     (`model_kernels`: kernels the interpreter computes wrong)."""
@@ -120,8 +126,7 @@ def register_model_kernels() -> None:
         return
     from vllm.triton_utils.dispatcher import register_kernels
 
-    due = {s.kernel: _counted(s) for s in MODEL_STAND_INS
-           if s.kernel not in _model_registered and s.kernel.rsplit(".", 1)[0] in sys.modules}
+    due = {s.kernel: _counted(s) for s in MODEL_STAND_INS if s.kernel not in _model_registered and _loaded(s.kernel)}
     if due:
         register_kernels(due)
         _model_registered.update(due)
