@@ -165,6 +165,7 @@ def test_link_cut_mid_transfer_ends_bounded_frees_blocks_and_recovers(serving):
         except httpx.HTTPError as exc:
             result.update(status=0, body={"error": {"message": repr(exc)}})
         result["seconds"] = time.monotonic() - t0
+        result["ended_at"] = time.monotonic()
 
     _limit_slowly(serving, link)
     try:
@@ -183,11 +184,13 @@ def test_link_cut_mid_transfer_ends_bounded_frees_blocks_and_recovers(serving):
             t0 = time.monotonic()
             serving.client(serving.decode).completions.create(model="tiny", prompt=prompt_of_length(8), **GREEDY)
             DURING_STALL["plain_request_s"] = time.monotonic() - t0
+            DURING_STALL["plain_request_done_at"] = time.monotonic()
             print(f"a plain request on the decode server during the stalled pull took {time.monotonic() - t0:.1f} s")
             sender.join(timeout=2 * read_timeout_s + 10)
             assert not sender.is_alive(), "the request hung past the router's bounds"
         ended_after = time.monotonic() - cut_at
         DURING_STALL["request_ended_at"] = time.monotonic()
+        DURING_STALL["stalled_request_ended_at"] = result["ended_at"]
         print(f"request ended {ended_after:.1f} s after the cut: {result['status']} {str(result['body'])[:300]}")
         # A stalled pull ends when Mooncake's TCP transport gives up on the connection (MC_TCP_PROGRESS_TIMEOUT_SEC);
         # the connector's own bounds cover the side-channel steps around it.
@@ -222,7 +225,11 @@ def test_link_cut_mid_transfer_ends_bounded_frees_blocks_and_recovers(serving):
 def test_decode_engine_serves_other_requests_while_a_pull_is_stalled(serving):
     assert "plain_request_s" in DURING_STALL, ("measured by test_link_cut_mid_transfer_ends_bounded_frees_blocks_and_"
                                                "recovers, which did not get that far (run it first, in this session)")
-    assert DURING_STALL["plain_request_s"] < 2.0, DURING_STALL
+    # Served while the pull was still stalled: done before the stalled request ended (its pull cannot give up
+    # sooner than Mooncake's progress timeout after the cut). A time bound (it was < 2 s) measured the machine:
+    # CI once took 2.007 s on a loaded 2-core host.
+    assert DURING_STALL["plain_request_done_at"] < DURING_STALL["stalled_request_ended_at"], DURING_STALL
+    assert DURING_STALL["plain_request_s"] < serving.progress_timeout_s, DURING_STALL
 
 
 def test_kv_moves_again_once_the_link_is_restored(serving):
