@@ -25,6 +25,7 @@ from __future__ import annotations
 import pytest
 
 from ascend_testkit.compare import check_logprobs_close
+from ascend_testkit.counters import counter_delta
 from ascend_testkit.models.hybrid import TinyHybridSpec, cached_tiny_qwen3_5, cached_tiny_qwen3_next
 from ascend_testkit.models.word_tokenizer import prompt_of_length
 
@@ -53,10 +54,6 @@ def prompts() -> list[str]:
 FAKE_CALLS = "ascend_testkit.torch_npu_probes:fake_calls"
 
 
-def _delta(now: dict, then: dict) -> dict:
-    return {k: v - then.get(k, 0) for k, v in now.items() if v != then.get(k, 0)}
-
-
 def run(host, model: str, prompts: list[str], usage: bool = True, kernel_backend: str | None = None) -> dict:
     """Greedy outputs of `prompts` (one batch), then the longest prompt again (a prefix-cache hit), from a fresh
     engine on `host`; in the simulated lane also the worker's usage deltas and its KV layout (and every kernel call's
@@ -73,13 +70,13 @@ def run(host, model: str, prompts: list[str], usage: bool = True, kernel_backend
                   "groups": host.rpc("ascend_testkit.kv_probes:kv_groups")[0]}
         if usage:
             after = host.usage()[0]
-            result["delta"] = _delta(after["counts"], before["counts"])
+            result["delta"] = counter_delta(after["counts"], before["counts"])
             result["runner"] = after["facts"]["runner_class"]
             result["layers"] = host.rpc("ascend_testkit.kv_probes:hybrid_kv")[0]
-            result["fallbacks"] = _delta(after["fallbacks"], before["fallbacks"])
+            result["fallbacks"] = counter_delta(after["fallbacks"], before["fallbacks"])
             result["fallback_reasons"] = after["fallback_reasons"]
         if kernel_backend:
-            result["fake_calls"] = _delta(host.rpc(FAKE_CALLS)[0], calls)
+            result["fake_calls"] = counter_delta(host.rpc(FAKE_CALLS)[0], calls)
     finally:
         host.stop()
     return result

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import pytest
 
+from ascend_testkit.counters import counter_delta
 from ascend_testkit.engine_runs import EngineRuns
 
 PROMPT_LENGTHS = (5, 17, 90)  # the 90-token prompt is prefilled in two chunks (budget 64)
@@ -82,7 +83,7 @@ class LoraRuns(EngineRuns):
                 mixed = mixed["outputs"]
                 result["mixed"] = {"a1": mixed[:n], "a2": mixed[n : 2 * n], "base": mixed[2 * n :]}
                 after = host.usage()[0]["counts"]
-                result["counts"] = {k: v - before.get(k, 0) for k, v in after.items() if v != before.get(k, 0)}
+                result["counts"] = counter_delta(after, before)
         finally:
             host.stop()
         return result

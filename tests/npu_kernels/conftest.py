@@ -24,6 +24,7 @@ from __future__ import annotations
 import pytest
 
 from ascend_testkit.compare import check_logprobs_close
+from ascend_testkit.counters import counter_delta
 from ascend_testkit.engine_runs import EngineRuns
 
 FAKE_ENV = {"ASCEND_TESTKIT_TORCH_NPU": "1"}
@@ -82,17 +83,14 @@ def npu_host(host_pool, runner: str, name: str = "npu", env: dict[str, str] | No
     return host_pool.get(f"{name}-{runner}", lane="simulated", runner=runner, env=FAKE_ENV | (env or {}), cpus=cpus)
 
 
-def _delta(now: dict, then: dict) -> dict:
-    return {k: v - then.get(k, 0) for k, v in now.items() if v != then.get(k, 0)}
-
-
 def _rank_delta(before: dict, after: dict) -> dict:
     """What one rank ran between two snapshots of its counters."""
     usage, then = after["usage"], before["usage"]
-    return {"facts": usage["facts"], "counts": _delta(usage["counts"], then["counts"]),
-            "npu_ops": _delta(usage["npu_ops"], then["npu_ops"]),
-            "fallbacks": _delta(usage["fallbacks"], then["fallbacks"]), "fallback_reasons": usage["fallback_reasons"],
-            "fake_calls": _delta(after["fake_calls"], before["fake_calls"])}
+    return {"facts": usage["facts"], "counts": counter_delta(usage["counts"], then["counts"]),
+            "npu_ops": counter_delta(usage["npu_ops"], then["npu_ops"]),
+            "fallbacks": counter_delta(usage["fallbacks"], then["fallbacks"]),
+            "fallback_reasons": usage["fallback_reasons"],
+            "fake_calls": counter_delta(after["fake_calls"], before["fake_calls"])}
 
 
 class NpuRuns(EngineRuns):

@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from ascend_testkit.counters import counter_delta
 from ascend_testkit.models.embedding import cached_tiny_bert, cached_tiny_modernbert, cached_tiny_qwen3_embedding
 from ascend_testkit.models.word_tokenizer import prompt_of_length
 
@@ -56,7 +57,7 @@ def embed(host, model: str, prompts: list[str], usage: bool = True, **engine) ->
         if usage:
             after = host.usage()[0]
             report = {
-                "delta": {k: v - before.get(k, 0) for k, v in after["counts"].items() if v != before.get(k, 0)},
+                "delta": counter_delta(after["counts"], before),
                 "impls": after["attention_impls"],
                 "runner": after["facts"]["runner_class"],
             }

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import pytest
 
+from ascend_testkit.counters import counter_delta
 from ascend_testkit.engine_runs import EngineRuns
 
 PROMPT_LENGTHS = (5, 33, 70)
@@ -52,10 +53,6 @@ def quant_prompts() -> list[str]:
     from ascend_testkit.models.tiny_llama import prompt_of_length
 
     return [prompt_of_length(n, offset=3 * n) for n in PROMPT_LENGTHS]
-
-
-def _delta(now: dict, then: dict) -> dict:
-    return {k: v - then.get(k, 0) for k, v in now.items() if v != then.get(k, 0)}
 
 
 class QuantHosts:
@@ -97,9 +94,9 @@ class QuantRuns(EngineRuns):
             result = {"outputs": outputs}
             if ours:
                 after = host.usage()[0]
-                result.update(counts=_delta(after["counts"], before["counts"]),
-                              npu_ops=_delta(after["npu_ops"], before["npu_ops"]),
-                              fallbacks=_delta(after["fallbacks"], before["fallbacks"]),
+                result.update(counts=counter_delta(after["counts"], before["counts"]),
+                              npu_ops=counter_delta(after["npu_ops"], before["npu_ops"]),
+                              fallbacks=counter_delta(after["fallbacks"], before["fallbacks"]),
                               fallback_reasons=after["fallback_reasons"], facts=after["facts"],
                               linears=host.rpc(PROBE)[0])
                 result.update({name: host.rpc(probe)[0] for name, probe in KV_PROBES.items()})

@@ -16,6 +16,7 @@ from __future__ import annotations
 import pytest
 
 from ascend_testkit.compare import check_logprobs_close
+from ascend_testkit.counters import counter_delta
 from ascend_testkit.models.hybrid import TinyHybridSpec
 from ascend_testkit.models.vision_language import (
     TinyQwen3VLSpec,
@@ -57,7 +58,7 @@ def _run(host, model: str, prompts: list, usage: bool) -> dict:
         after = host.usage()[0]["counts"] if usage else {}
     finally:
         host.stop()
-    return {"outputs": outputs, "delta": {k: v - before.get(k, 0) for k, v in after.items() if v != before.get(k, 0)}}
+    return {"outputs": outputs, "delta": counter_delta(after, before)}
 
 
 @pytest.fixture(scope="module")

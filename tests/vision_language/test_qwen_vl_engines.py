@@ -19,6 +19,7 @@ from __future__ import annotations
 import pytest
 
 from ascend_testkit.compare import check_logprobs_close
+from ascend_testkit.counters import counter_delta
 from ascend_testkit.models.vision_language import (
     IMAGE_PLACEHOLDER,
     TinyVisionLanguageSpec,
@@ -85,8 +86,7 @@ def _generate(host, model: str, prompts: list, usage: bool, max_tokens: int = SA
         report = None
         if usage:
             after = host.usage()[0]
-            report = {"delta": {k: v - before.get(k, 0) for k, v in after["counts"].items()
-                                if v != before.get(k, 0)},
+            report = {"delta": counter_delta(after["counts"], before),
                       "runner": after["facts"]["runner_class"], "impls": after["attention_impls"]}
     finally:
         host.stop()
@@ -194,8 +194,7 @@ def test_npu_binding_serves_the_vision_tower_like_the_reference_kernels(image_on
         finally:
             host.stop()
         runs[backend] = {"outputs": outputs, "facts": after["facts"],
-                         **{key: {k: v - before[key].get(k, 0) for k, v in after[key].items()
-                                  if v != before[key].get(k, 0)} for key in ("counts", "npu_ops", "fallbacks")}}
+                         **{key: counter_delta(after[key], before[key]) for key in ("counts", "npu_ops", "fallbacks")}}
     npu, ref = runs["npu"], runs["auto"]
     assert npu["facts"]["kernel_backend"] == "npu" and ref["facts"]["kernel_backend"] == "reference"
     assert npu["fallbacks"] == {}, npu

@@ -230,9 +230,7 @@ class ServerProcess:
         """SIGABRT the group: each of its Python processes writes where every thread of it stands to the log on the
         way out (a start that hangs says where; CI once saw a restarted server stop mid-start with no clue)."""
         self._signal_group(signal.SIGABRT)
-        deadline = time.monotonic() + wait_s
-        while (self.alive or self._group_alive()) and time.monotonic() < deadline:  # `alive` reaps the leader
-            time.sleep(0.1)
+        self._await_group_exit(time.monotonic() + wait_s)
 
     def log_tail(self, n: int = 40) -> str:
         try:
@@ -293,12 +291,17 @@ class ServerProcess:
             self._signal_group(signal.SIGTERM)
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self.proc.wait(timeout=timeout)
-        while self._group_alive() and time.monotonic() < deadline:
-            time.sleep(0.05)
+        self._await_group_exit(deadline)
         self._signal_group(signal.SIGKILL)  # the engine processes of the group, if any outlived the deadline
         if self.alive:
             self.proc.wait(timeout=30)
         self._log.close()
+
+    def _await_group_exit(self, deadline: float) -> None:
+        """Until every process of the group is gone, or `deadline` (`alive` reaps the leader, whose zombie would
+        otherwise keep the group alive)."""
+        while (self.alive or self._group_alive()) and time.monotonic() < deadline:
+            time.sleep(0.05)
 
     def _group_alive(self) -> bool:
         try:

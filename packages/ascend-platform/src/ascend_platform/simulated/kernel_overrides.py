@@ -108,7 +108,7 @@ def _cpu_fallbacks() -> dict[str, Callable]:
 # Kernels of model code, which vLLM imports with the model: replaced once the model is loaded
 # (`register_model_kernels`), so that a worker serving another model never imports their modules.
 MODEL_STAND_INS: tuple[StandIn, ...] = (
-    StandIn(model_kernels.KERNELS[0], model_kernels.bilinear_pos_embed, "Qwen3-VL / Qwen3.5 vision encoder calls"),
+    StandIn(model_kernels.BILINEAR_POS_EMBED, model_kernels.bilinear_pos_embed, "Qwen3-VL / Qwen3.5 vision encoder"),
 )
 _model_registered: set[str] = set()
 

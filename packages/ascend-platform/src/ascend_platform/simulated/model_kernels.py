@@ -10,7 +10,7 @@ compiles the kernel and is not concerned.
 
 from __future__ import annotations
 
-KERNELS = ("vllm.model_executor.models.qwen3_vl._bilinear_pos_embed_kernel",)
+BILINEAR_POS_EMBED = "vllm.model_executor.models.qwen3_vl._bilinear_pos_embed_kernel"
 
 
 def bilinear_pos_embed(embed_ptr, output_ptr, H, W, h_scale, w_scale, NUM_GRID, M_SIZE, HIDDEN_DIM,  # noqa: N803
