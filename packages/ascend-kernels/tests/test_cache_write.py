@@ -42,6 +42,26 @@ def test_reshape_and_cache_writes_each_token_to_its_slot(strided_caches, dtype, 
     assert torch.equal(backing.view(dtype).view(4, 2, 2, 16, 20)[:, 0], other_layer)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("slots", [[5], [15, 16], [33, -1, 2, -1, 47, 20], [-1, -1]])
+def test_dense_planes_are_written_by_slot(dtype, slots):
+    """The device KV layout's dense planes (K for every block, then V, in one region) take the slot-indexed write
+    (`_token_rows`); the bytes past both planes stay untouched."""
+    from ascend_kernels.reference.cache_write import _token_rows
+
+    region = torch.zeros(2 * 4 * 16 * 2 * 8 + 64, dtype=dtype)
+    k_cache = region[: 4 * 16 * 2 * 8].view(4, 16, 2, 8)
+    v_cache = region[4 * 16 * 2 * 8 : 2 * 4 * 16 * 2 * 8].view(4, 16, 2, 8)
+    assert _token_rows(k_cache) is not None and _token_rows(v_cache) is not None
+    slot_mapping = torch.tensor(slots, dtype=torch.int32)
+    key, value = torch.randn(len(slots), 2, 8), torch.randn(len(slots), 2, 8)
+    expected_k, expected_v = _naive_write(key, k_cache, slot_mapping), _naive_write(value, v_cache, slot_mapping)
+    ops.reshape_and_cache(key.to(dtype), value.to(dtype), k_cache, v_cache, slot_mapping)
+    torch.testing.assert_close(k_cache, expected_k, rtol=0, atol=0)
+    torch.testing.assert_close(v_cache, expected_v, rtol=0, atol=0)
+    assert not region[-64:].any()
+
+
 def test_int32_slot_mapping_is_accepted():
     k_cache, v_cache = torch.zeros(2, 4, 1, 4), torch.zeros(2, 4, 1, 4)
     key = torch.arange(8.0).view(2, 1, 4)

@@ -60,6 +60,40 @@ def test_rotary_embedding(dtype, tol, is_neox, rotary_dim):
     assert torch.equal(qkv[:, 6 * head_size :], untouched)
 
 
+@pytest.mark.parametrize(("layout", "passes"), [("fused", 1), ("key_first", 2), ("gap", 2), ("separate", 2)])
+def test_rotary_rotates_adjacent_query_and_key_as_one(monkeypatch, layout, passes):
+    """A key directly after its query in one buffer is rotated with it in one pass; a key before the query, a gap
+    between them, or two buffers take a pass each. All equal the naive rotation and leave other columns alone."""
+    from ascend_kernels.reference import layers
+
+    head_size, tokens = 16, 5
+    positions = torch.tensor([0, 3, 7, 1, 30])
+    qkv = torch.randn(tokens, 8 * head_size)
+    spans = {"fused": ((0, 4), (4, 6)), "key_first": ((2, 6), (0, 2)), "gap": ((0, 4), (5, 7))}
+    if layout == "separate":
+        query, key = torch.randn(tokens, 4 * head_size), torch.randn(tokens, 2, head_size)
+    else:
+        (q0, q1), (k0, k1) = spans[layout]
+        query = qkv[:, q0 * head_size : q1 * head_size]
+        key = qkv[:, k0 * head_size : k1 * head_size].view(tokens, k1 - k0, head_size)
+    before = qkv.clone()
+    expected_q = _naive_rope(query, positions, head_size, head_size, True)
+    expected_k = _naive_rope(key, positions, head_size, head_size, True)
+    rotations = []
+    rotate = layers._rotate_in_place
+    monkeypatch.setattr(layers, "_rotate_in_place", lambda *a: rotations.append(1) or rotate(*a))
+    ops.rotary_embedding(positions, query, key, _cos_sin_cache(64, head_size), head_size=head_size,
+                         rotary_dim=head_size, is_neox=True)
+    assert len(rotations) == passes
+    torch.testing.assert_close(query.double(), expected_q, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(key.double(), expected_k, rtol=1e-5, atol=1e-5)
+    if layout != "separate":
+        touched = torch.zeros(8 * head_size, dtype=torch.bool)
+        for a, b in spans[layout]:
+            touched[a * head_size : b * head_size] = True
+        assert torch.equal(qkv[:, ~touched], before[:, ~touched])
+
+
 def test_rotary_embedding_empty_and_keyless():
     q = torch.randn(0, 32)
     assert (

@@ -127,6 +127,37 @@ def test_small_contexts_are_gathered(strided_caches, monkeypatch, gather_below):
 
 
 @DTYPES
+@pytest.mark.parametrize(("heads", "kv_heads", "window"), [(8, 2, None), (4, 4, 21), (8, 1, None)])
+def test_small_decode_batches_take_one_fused_call(strided_caches, monkeypatch, dtype, heads, kv_heads, window):
+    """A decode-only batch whose pages are small (`paged_small_decode`) is one SDPA call over the gathered pages, and
+    equals the naive formulation: fragmented blocks, contexts ending on and past block edges, GQA, a sliding window,
+    padding tokens after the batch."""
+    from ascend_kernels.reference import attention, paged_small_decode
+
+    monkeypatch.undo()  # the module's gather threshold: small float32 contexts are gathered, not read in place
+    fused = []
+    attend = paged_small_decode.attend_small_decode
+    monkeypatch.setattr(paged_small_decode, "attend_small_decode", lambda *a: fused.append(1) or attend(*a))
+    monkeypatch.setattr(attention, "_attend_blocks", lambda *a: pytest.fail("the general path ran"))
+    _run(strided_caches, q_lens=[1, 1, 1, 1], seq_lens=[40, 17, 64, 1], heads=heads, kv_heads=kv_heads, dtype=dtype,
+         window=window, padding_tokens=2, out=True)
+    assert fused == [1]
+
+
+@pytest.mark.parametrize("case", ["sinks", "verify", "over_the_bound"])
+def test_other_batches_stay_on_the_general_path(strided_caches, monkeypatch, case):
+    """Sinks, a multi-token query and pages over SMALL_DECODE_BYTES keep the general path (and still match)."""
+    from ascend_kernels.reference import paged_small_decode
+
+    monkeypatch.undo()
+    monkeypatch.setattr(paged_small_decode, "attend_small_decode", lambda *a: pytest.fail("the fused path ran"))
+    if case == "over_the_bound":
+        monkeypatch.setattr(paged_small_decode, "SMALL_DECODE_BYTES", 1024)
+    _run(strided_caches, q_lens=[1, 2 if case == "verify" else 1], seq_lens=[40, 17], heads=8, kv_heads=2,
+         dtype=torch.float32, with_sinks=case == "sinks")
+
+
+@DTYPES
 def test_empty_batch(strided_caches, dtype):
     _run(strided_caches, q_lens=[], seq_lens=[], heads=4, kv_heads=1, dtype=dtype)
 

@@ -28,6 +28,7 @@ import threading
 import torch
 import torch.nn.functional as F
 
+from ascend_kernels.reference import paged_small_decode
 from ascend_kernels.reference.chunk_threads import run_chunks
 from ascend_kernels.reference.paged_blocks import attend_pages as _attend_pages
 from ascend_kernels.reference.paged_prefill import prefill_pieces
@@ -433,6 +434,10 @@ def paged_attention(
     )
     if in_place and sum(ctx_blocks) * per_block <= GATHER_SMALL_BYTES * r:  # see GATHER_SMALL_BYTES
         in_place = False
+    if not in_place and paged_small_decode.fits(query, key_cache, value_cache, qlens, lens, sinks):
+        return paged_small_decode.attend_small_decode(
+            query, key_cache, value_cache, table, seq_lens, lens, scale, sliding_window, out
+        )
     table_host: list[list[int]] = []
 
     threads = torch.get_num_threads()

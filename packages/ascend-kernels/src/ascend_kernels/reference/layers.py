@@ -30,6 +30,33 @@ def _rotate_in_place(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, head
         rot.copy_(work)
 
 
+def _row_width(x: torch.Tensor, head_size: int) -> int | None:
+    """Elements per token of `x` (`[tokens, heads * head]` or `[tokens, heads, head]`) when each token's are one
+    contiguous run, else None."""
+    if x.dim() == 2 and x.stride(1) == 1:
+        return x.shape[1]
+    if x.dim() == 3 and x.stride(2) == 1 and x.stride(1) == x.shape[2] == head_size:
+        return x.shape[1] * head_size
+    return None
+
+
+def _query_and_key(query: torch.Tensor, key: torch.Tensor | None, head_size: int) -> torch.Tensor | None:
+    """One `[tokens, (q_heads + k_heads) * head]` view over query and key when each token's key directly follows
+    its query in one buffer (a fused QKV projection's output split into views, as vLLM's attention layers pass
+    them), else None: both are then rotated by one string of ops instead of two, which is what a small batch pays
+    for (4 decode tokens, 2 + 2 heads of 32: 42-45 vs 32-35 us)."""
+    if key is None or key.dtype != query.dtype or key.device != query.device or key.shape[0] != query.shape[0]:
+        return None
+    wq, wk = _row_width(query, head_size), _row_width(key, head_size)
+    if wq is None or wk is None or query.stride(0) != key.stride(0) or query.stride(0) < wq + wk:
+        return None
+    if key.untyped_storage().data_ptr() != query.untyped_storage().data_ptr():
+        return None
+    if key.storage_offset() != query.storage_offset() + wq:
+        return None
+    return query.as_strided((query.shape[0], wq + wk), (query.stride(0), 1), query.storage_offset())
+
+
 def rotary_embedding(positions, query, key, cos_sin_cache, *, head_size, rotary_dim, is_neox):
     if positions.shape[0] == 0:
         return query, key
@@ -37,6 +64,10 @@ def rotary_embedding(positions, query, key, cos_sin_cache, *, head_size, rotary_
     if rows.dtype != torch.float32:
         rows = rows.float()
     cos, sin = rows[:, None, : rotary_dim // 2], rows[:, None, rotary_dim // 2 :]  # broadcast over heads
+    both = _query_and_key(query, key, head_size)
+    if both is not None:
+        _rotate_in_place(both, cos, sin, head_size, rotary_dim, is_neox)
+        return query, key
     _rotate_in_place(query, cos, sin, head_size, rotary_dim, is_neox)
     if key is not None:
         _rotate_in_place(key, cos, sin, head_size, rotary_dim, is_neox)
