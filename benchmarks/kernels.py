@@ -226,8 +226,8 @@ def _layers_for(dtype: torch.dtype, repeats: int) -> list[dict]:
     inv = 1.0 / 10000 ** (torch.arange(0, D, 2).float() / D)
     ang = torch.arange(4096).float()[:, None] * inv
     cache = torch.cat([ang.cos(), ang.sin()], -1).to(dtype)
-    q = torch.randn(64, HQ * D).to(dtype)
-    k = torch.randn(64, HKV * D).to(dtype)
+    # q and k as an attention layer passes them: views of its fused QKV projection's output
+    q, k, _ = torch.randn(64, (HQ + 2 * HKV) * D).to(dtype).split([HQ * D, HKV * D, HKV * D], dim=-1)
     t = best_ms(
         {
             "ref": lambda: ops.rotary_embedding(positions, q, k, cache, head_size=D, rotary_dim=D, is_neox=True),
