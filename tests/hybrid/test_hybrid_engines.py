@@ -75,6 +75,7 @@ def run(host, model: str, prompts: list[str], usage: bool = True, kernel_backend
             result["layers"] = host.rpc("ascend_testkit.kv_probes:hybrid_kv")[0]
             result["fallbacks"] = counter_delta(after["fallbacks"], before["fallbacks"])
             result["fallback_reasons"] = after["fallback_reasons"]
+            result["paged_planes"] = counter_delta(after.get("paged_planes", {}), before.get("paged_planes", {}))
         if kernel_backend:
             result["fake_calls"] = counter_delta(host.rpc(FAKE_CALLS)[0], calls)
     finally:
@@ -170,3 +171,19 @@ def test_the_npu_backend_runs_torch_npus_gated_delta_rule_kernels(ours_npu, refe
     assert delta.get("gdn.prefill_resumed", 0) > 0, delta  # a chunk resumed from the kernel's stored state
     gdn_fallbacks = {op: n for op, n in ours_npu["fallbacks"].items() if "gated_delta_rule" in op}
     assert not gdn_fallbacks, (gdn_fallbacks, why)
+
+
+def test_the_npu_backend_runs_the_full_attention_layers_on_fia_over_their_paged_planes(ours_npu):
+    """A hybrid's attention K/V planes are paged beside the state pages (strided): the cache write indexes them in
+    place and attention runs torch_npu's FIA on gathered blocks (`ascend_kernels.npu_paged_planes`), every step and
+    layer, instead of the reference."""
+    calls, planes, why = ours_npu["fake_calls"], ours_npu["paged_planes"], ours_npu["fallback_reasons"]
+    attention_layers = TinyHybridSpec().layer_types.count("full_attention")
+    attention_fallbacks = {op: n for op, n in ours_npu["fallbacks"].items()
+                           if op in ("paged_attention", "reshape_and_cache")}
+    assert not attention_fallbacks, (attention_fallbacks, why)
+    steps = MAX_TOKENS  # at least: the prefill, then one call per decode step
+    assert planes.get("paged_attention", 0) >= attention_layers * steps, planes
+    assert planes.get("reshape_and_cache", 0) >= attention_layers * steps, planes
+    assert calls.get("npu_fused_infer_attention_score_v2", 0) >= planes["paged_attention"], calls
+    assert "_npu_reshape_and_cache" not in calls, calls  # the dense-cache kernel never saw a strided plane

@@ -82,18 +82,17 @@ def test_npu_paged_attention_without_host_lengths_reads_them_back(fake_npu):
     assert fake_npu[-1]["actual_seq_kvlen"] == lens and out.shape == (5, 4, 32)
 
 
-def test_npu_fallback_to_the_reference_takes_the_host_lengths_too(fake_npu):
+def test_npu_over_strided_planes_takes_the_host_lengths_too(fake_npu):
     args, starts, lens = _batch(contiguous=False)
     out = ops.paged_attention(**args, query_start_loc=_device(starts), seq_lens=_device(lens), scale=0.2,
                               query_start_loc_host=starts, seq_lens_host=lens)
-    assert not fake_npu  # strided caches: the reference ran, on the host lists, and the fallback was counted
+    # strided caches: FIA on gathered blocks (`npu_paged_planes`), launched from the host lists, nothing read back
+    (launch,) = fake_npu
+    assert launch["rows"] == 4 and launch["actual_seq_qlen"] == [1, 4] and launch["actual_seq_kvlen"] == lens
+    assert launch["block_table"].tolist() == [[0, 1], [2, 3]]  # the gathered blocks, renumbered
     usage = npu_usage.snapshot()
-    assert usage["fallbacks"] == {"paged_attention": 1} and usage["npu_ops"] == {}
-    assert "not contiguous" in usage["fallback_reasons"]["paged_attention"]
-    with ascend_kernels.use_backend("reference"):
-        expected = ops.paged_attention(**args, query_start_loc=torch.tensor(starts, dtype=torch.int32),
-                                       seq_lens=torch.tensor(lens, dtype=torch.int32), scale=0.2)
-    torch.testing.assert_close(out, expected)
+    assert usage["fallbacks"] == {} and usage["paged_planes"] == {"paged_attention": 1}
+    assert out.shape == (5, 4, 32)
 
 
 def test_reference_paged_attention_uses_the_host_lengths():

@@ -51,16 +51,42 @@ def test_paged_attention_matches_reference(variant):
     assert npu_usage.snapshot()["fallbacks"] == {}
 
 
-def test_non_contiguous_cache_falls_back_and_is_counted():
-    args = _paged_batch()
-    packed = torch.cat([args["key_cache"], args["value_cache"]], dim=-1)
-    args["key_cache"], args["value_cache"] = packed[..., :8], packed[..., 8:]
-    got = npu_backend.paged_attention(**args, scale=0.3)
-    torch.testing.assert_close(got, ref.paged_attention(**args, scale=0.3), **TOL)
+def _paged_planes(args: dict) -> dict:
+    """The same caches as a hybrid's paged planes: block b's K page then its V page inside one block page
+    (`ascend_core.kv.planes`), so each plane is a view whose blocks sit two pages apart."""
+    pages = torch.stack([args["key_cache"], args["value_cache"]], dim=1)  # [blocks, 2, block_size, heads, dim]
+    return args | {"key_cache": pages[:, 0], "value_cache": pages[:, 1]}
+
+
+@pytest.mark.parametrize("variant", ["causal", "sliding_window", "sinks"])
+@pytest.mark.parametrize("budget", [None, 1])  # one kernel call for the step, or one per request (budget 1 byte)
+def test_paged_planes_run_the_kernel_on_gathered_blocks(monkeypatch, variant, budget):
+    from ascend_kernels import npu_paged_planes
+
+    if budget is not None:
+        monkeypatch.setattr(npu_paged_planes, "GATHER_BUDGET_BYTES", budget)
+    args = _paged_planes(_paged_batch())
+    assert not args["key_cache"].is_contiguous()
+    extra = {"sliding_window": 3} if variant == "sliding_window" else {}
+    if variant == "sinks":
+        extra["sinks"] = torch.randn(4, generator=_gen(1))
+    out = torch.full((11, 4, 8), float("nan"))
+    got = npu_backend.paged_attention(**args, scale=0.3, out=out, **extra)
+    assert got is out
+    torch.testing.assert_close(got, ref.paged_attention(**args, scale=0.3, **extra), **TOL)
+    assert fake.calls() == {"npu_fused_infer_attention_score_v2": 1 if budget is None else 3}
     usage = npu_usage.snapshot()
-    assert usage["fallbacks"] == {"paged_attention": 1} and "not contiguous" in usage["fallback_reasons"][
-        "paged_attention"]
-    assert fake.calls() == {}
+    assert usage["fallbacks"] == {} and usage["paged_planes"] == {"paged_attention": 1}
+
+
+def test_request_pieces_stay_within_the_budget():
+    from ascend_kernels.npu_paged_planes import request_pieces
+
+    # blocks of 4 tokens, 10 bytes each: contexts of 1, 3, 2, 5 and 1 blocks
+    assert request_pieces([4, 9, 8, 17, 1], 4, 10, budget=60) == [(0, 2), (2, 3), (3, 4), (4, 5)]
+    assert request_pieces([4, 9, 8, 17, 1], 4, 10, budget=10**9) == [(0, 5)]
+    assert request_pieces([17], 4, 10, budget=1) == [(0, 1)]  # a request over the budget alone
+    assert request_pieces([], 4, 10) == []
 
 
 def test_cache_write_matches_reference():
@@ -77,6 +103,21 @@ def test_cache_write_matches_reference():
     ref.reshape_and_cache_mla(latent, rope, mla[2], mla[3], slots)
     assert torch.equal(mla[0], mla[2]) and torch.equal(mla[1], mla[3])
     assert fake.calls() == {"_npu_reshape_and_cache": 2}
+
+
+def test_cache_write_into_paged_planes_matches_reference():
+    """A hybrid's strided planes are written in place by slot (no fallback, no dense kernel); padding goes to the
+    null block's slot 0 as on dense caches."""
+    g = _gen(5)
+    key, value = torch.randn(5, 2, 8, generator=g), torch.randn(5, 2, 8, generator=g)
+    slots = torch.tensor([3, -1, 4, 13, 22], dtype=torch.int64)
+    ours, want = torch.zeros(6, 2, 4, 2, 8), torch.zeros(6, 2, 4, 2, 8)
+    npu_backend.reshape_and_cache(key, value, ours[:, 0], ours[:, 1], slots)
+    ref.reshape_and_cache(key, value, want[:, 0], want[:, 1], slots)
+    assert torch.equal(ours[1:], want[1:]) and torch.equal(ours[0, :, 1:], want[0, :, 1:])
+    assert fake.calls() == {}
+    usage = npu_usage.snapshot()
+    assert usage["fallbacks"] == {} and usage["paged_planes"] == {"reshape_and_cache": 1}
 
 
 def test_padding_slots_land_in_the_null_block_not_in_a_request_block():

@@ -4,9 +4,10 @@ Each function here is the `impl` of an op's `NpuBinding` (declared with the op, 
 selecting "npu" imports this module, and torch_npu is imported on the first call of any binding. Ops with no
 dedicated torch_npu kernel (greedy, Gumbel and rejection sampling, logprobs, batch preparation, sparse MLA and most
 of DeepSeek V4's) run the reference implementation on the NPU device ("torch" bindings). Paged caches are dense
-(one contiguous [blocks, block_size, heads, dim] tensor per plane); where a kernel cannot take what it is given (a
-non-contiguous cache, a partial rotary, ...) the binding runs the reference and says so in `npu_usage`. A call with
-no query rows (only padding: a PCP rank handed none of a step's tokens) launches no attention kernel.
+(one contiguous [blocks, block_size, heads, dim] tensor per plane), except a hybrid model's attention planes, paged
+beside its state pages, which `npu_paged_planes` brings to the kernels; where a kernel cannot take what it is given
+(a non-contiguous MLA cache, a partial rotary, ...) the binding runs the reference and says so in `npu_usage`. A
+call with no query rows (only padding: a PCP rank handed none of a step's tokens) launches no attention kernel.
 
 Names and argument conventions follow vllm-ascend's use of torch_npu (attention_v1, mla_v1, ops/rotary_embedding,
 layernorm, activation, fused_moe and sample/). Off an Ascend host they run over the testkit's schema-faithful
@@ -20,7 +21,7 @@ import importlib
 
 import torch
 
-from ascend_kernels import npu_usage, reference
+from ascend_kernels import npu_paged_planes, npu_usage, reference
 
 _FIA_MASK_SIZE = 2048  # the compressed causal mask sparse_mode 3 expects
 _SPARSE_CAUSAL, _SPARSE_BAND = 3, 4
@@ -102,9 +103,9 @@ def _kernel_slots(slot_mapping: torch.Tensor) -> torch.Tensor:
 
 
 def reshape_and_cache(key, value, key_cache, value_cache, slot_mapping):
-    if not _dense(key_cache, value_cache):
-        npu_usage.record_fallback("reshape_and_cache", _not_dense("reshape_and_cache", key_cache, value_cache))
-        return reference.reshape_and_cache(key, value, key_cache, value_cache, slot_mapping)
+    if not _dense(key_cache, value_cache):  # a hybrid's paged planes: written in place by slot (npu_paged_planes)
+        npu_usage.record_paged_planes("reshape_and_cache")
+        return npu_paged_planes.write(key, value, key_cache, value_cache, _kernel_slots(slot_mapping))
     _npu()._npu_reshape_and_cache(key, value, key_cache, value_cache, _kernel_slots(slot_mapping))
 
 
@@ -138,12 +139,23 @@ def _copy_rows(result: torch.Tensor, num_q: int, rows: int, heads: int, dim: int
 
 def paged_attention(query, key_cache, value_cache, block_table, query_start_loc, seq_lens, *, scale, causal=True,
                     sliding_window=None, sinks=None, out=None, query_start_loc_host=None, seq_lens_host=None):
+    # The kernel takes lengths at launch: the caller's host lists (built once per step), else one read-back each.
+    starts = _host(query_start_loc_host, query_start_loc)
+    num_q = starts[-1]
+    if not num_q:  # only padding rows (a PCP rank handed none of the step's tokens): nothing to launch
+        return _copy_rows(None, 0, query.shape[0], query.shape[1], value_cache.shape[3], out, query)
+    lens = _host(seq_lens_host, seq_lens)
+    masking = (causal, sliding_window, sinks)
     if not _dense(key_cache, value_cache):
-        npu_usage.record_fallback("paged_attention", _not_dense("paged_attention", key_cache, value_cache))
-        return reference.paged_attention(
-            query, key_cache, value_cache, block_table, query_start_loc, seq_lens, scale=scale, causal=causal,
-            sliding_window=sliding_window, sinks=sinks, out=out, query_start_loc_host=query_start_loc_host,
-            seq_lens_host=seq_lens_host)
+        return _paged_planes_attention(query, key_cache, value_cache, block_table, starts, lens, scale, masking, out)
+    result = _fia(query[:num_q], key_cache, value_cache, block_table.to(torch.int32), starts, lens, scale, masking)
+    return _copy_rows(result, num_q, query.shape[0], query.shape[1], value_cache.shape[3], out, query)
+
+
+def _fia(query, key_cache, value_cache, block_table, starts, lens, scale, masking):
+    """One FIA call over `query`'s rows (`starts`: cumulative query lengths from 0, one entry per request more;
+    `masking`: the op's (causal, sliding_window, sinks))."""
+    causal, sliding_window, sinks = masking
     _, bs, hkv, _ = key_cache.shape
     kwargs = {}
     if causal:
@@ -153,18 +165,32 @@ def paged_attention(query, key_cache, value_cache, block_table, query_start_loc,
                       pre_tokens=sliding_window - 1, next_tokens=0 if causal else 2**31 - 1)
     if sinks is not None:
         kwargs["learnable_sink"] = sinks
-    # The kernel takes lengths at launch: the caller's host lists (built once per step), else one read-back each.
-    starts = _host(query_start_loc_host, query_start_loc)
-    num_q = starts[-1]
-    if not num_q:  # only padding rows (a PCP rank handed none of the step's tokens): nothing to launch
-        return _copy_rows(None, 0, query.shape[0], query.shape[1], value_cache.shape[3], out, query)
     # FIA takes dense q/k/v: a query split from vLLM's fused qkv projection is a strided view.
     result, _ = _npu().npu_fused_infer_attention_score_v2(
-        query[:num_q].contiguous(), _flat_blocks(key_cache), _flat_blocks(value_cache),
+        query.contiguous(), _flat_blocks(key_cache), _flat_blocks(value_cache),
         num_query_heads=query.shape[1], num_key_value_heads=hkv, input_layout="TND", softmax_scale=scale,
-        block_table=block_table.to(torch.int32), block_size=bs, actual_seq_qlen=list(starts[1:]),
-        actual_seq_kvlen=_host(seq_lens_host, seq_lens), **kwargs)
-    return _copy_rows(result, num_q, query.shape[0], query.shape[1], value_cache.shape[3], out, query)
+        block_table=block_table, block_size=bs, actual_seq_qlen=list(starts[1:]), actual_seq_kvlen=list(lens),
+        **kwargs)
+    return result
+
+
+def _paged_planes_attention(query, key_cache, value_cache, block_table, starts, lens, scale, masking, out):
+    """Attention over a hybrid's paged planes: FIA on dense copies of the blocks each piece of requests reads
+    (`npu_paged_planes`), each piece's rows stored as they come."""
+    npu_usage.record_paged_planes("paged_attention")
+    _, bs, hkv, d = key_cache.shape
+    heads, dv = query.shape[1], value_cache.shape[3]
+    out = _copy_rows(None, 0, query.shape[0], heads, dv, out, query)  # zeroed; the pieces fill the real rows
+    block_bytes = bs * hkv * (d + dv) * key_cache.element_size()
+    for r0, r1 in npu_paged_planes.request_pieces(lens, bs, block_bytes):
+        q0, q1 = starts[r0], starts[r1]
+        if q1 == q0:
+            continue
+        k, v, table = npu_paged_planes.gather(key_cache, value_cache, block_table, r0, r1,
+                                              -(-max(lens[r0:r1]) // bs))
+        result = _fia(query[q0:q1], k, v, table, [s - q0 for s in starts[r0:r1 + 1]], lens[r0:r1], scale, masking)
+        out[q0:q1].copy_(result.view(q1 - q0, heads, -1))
+    return out
 
 
 def mla_decode_attention(q_nope_absorbed, q_rope, latent_cache, rope_cache, block_table, seq_lens, *, scale, out=None,

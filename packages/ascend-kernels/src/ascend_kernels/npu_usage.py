@@ -21,6 +21,7 @@ _CALLS: collections.Counter[str] = collections.Counter()
 _FALLBACKS: collections.Counter[str] = collections.Counter()
 _REASONS: dict[str, str] = {}
 _FACADE: collections.Counter[str] = collections.Counter()  # "backend:op" -> calls, while counting is on
+_PAGED_PLANES: collections.Counter[str] = collections.Counter()  # facade op -> calls over a hybrid's paged planes
 
 
 class _Counting:
@@ -64,6 +65,14 @@ def record_call(torch_npu_op: str) -> None:
         _CALLS[torch_npu_op] += 1
 
 
+def record_paged_planes(facade_op: str) -> None:
+    """A binding took strided (paged) K/V planes through `npu_paged_planes` rather than the dense path."""
+    if torch.compiler.is_compiling():  # counted per eager call only, as torch_npu calls are
+        return
+    with _LOCK:
+        _PAGED_PLANES[facade_op] += 1
+
+
 _TRACED: list = []  # [the traced-fallback recorder], made when the npu backend loads (`count_traced_fallbacks`)
 
 
@@ -100,7 +109,7 @@ def _record_fallback(facade_op: str, reason: str) -> None:
 def snapshot() -> dict:
     with _LOCK:
         return {"npu_ops": dict(_CALLS), "fallbacks": dict(_FALLBACKS), "fallback_reasons": dict(_REASONS),
-                "facade_ops": dict(_FACADE)}
+                "facade_ops": dict(_FACADE), "paged_planes": dict(_PAGED_PLANES)}
 
 
 def reset() -> None:
@@ -109,3 +118,4 @@ def reset() -> None:
         _FALLBACKS.clear()
         _REASONS.clear()
         _FACADE.clear()
+        _PAGED_PLANES.clear()

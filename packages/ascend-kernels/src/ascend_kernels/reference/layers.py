@@ -45,6 +45,8 @@ def _query_and_key(query: torch.Tensor, key: torch.Tensor | None, head_size: int
     its query in one buffer (a fused QKV projection's output split into views, as vLLM's attention layers pass
     them), else None: both are then rotated by one string of ops instead of two, which is what a small batch pays
     for (4 decode tokens, 2 + 2 heads of 32: 42-45 vs 32-35 us)."""
+    if torch.compiler.is_compiling():  # a compiled graph fuses the two passes anyway; Dynamo cannot read storages
+        return None
     if key is None or key.dtype != query.dtype or key.device != query.device or key.shape[0] != query.shape[0]:
         return None
     wq, wk = _row_width(query, head_size), _row_width(key, head_size)
