@@ -144,6 +144,41 @@ def test_small_decode_batches_take_one_fused_call(strided_caches, monkeypatch, d
     assert fused == [1]
 
 
+def test_a_small_decode_plan_is_made_once_per_step(strided_caches, monkeypatch):
+    """Layers of one step (the same host lists, block table and seq_lens) share one plan; a block table rewritten in
+    place, or the next step's host lists, make a new one; every layer still equals the naive formulation."""
+    from ascend_kernels.reference import paged_small_decode
+
+    monkeypatch.undo()
+    made = []
+    make = paged_small_decode.make_plan
+    monkeypatch.setattr(paged_small_decode, "make_plan", lambda *a: made.append(1) or make(*a))
+    seq_lens, block_size, heads, kv_heads, head = [40, 17, 64], 16, 4, 2, 32
+    gen = torch.Generator().manual_seed(3)
+    layers = [strided_caches(16, block_size, kv_heads, head, head, torch.float32, seed=seed)[1:] for seed in (1, 2)]
+    table = torch.tensor([[3, 5, 7, 0], [9, 2, 0, 0], [1, 4, 6, 8]], dtype=torch.int32)
+    qsl = torch.arange(4, dtype=torch.int32)
+    lens = torch.tensor(seq_lens, dtype=torch.int32)
+
+    def step(starts: list[int], host_lens: list[int]) -> None:
+        for k_cache, v_cache in layers:
+            query = torch.randn(3, heads, head, generator=gen)
+            got = ops.paged_attention(query, k_cache, v_cache, table, qsl, lens, scale=0.2,
+                                      query_start_loc_host=starts, seq_lens_host=host_lens)
+            expected = naive_paged_attention(query, k_cache, v_cache, table.tolist(), [0, 1, 2, 3], seq_lens, 0.2,
+                                             True, None, None)
+            torch.testing.assert_close(got.double(), expected, **TOL[torch.float32])
+
+    starts, host_lens = [0, 1, 2, 3], list(seq_lens)
+    step(starts, host_lens)
+    assert len(made) == 1  # two layers, one plan
+    table[2, 1] = 10  # the table rewritten in place within the step
+    step(starts, host_lens)
+    assert len(made) == 2
+    step([0, 1, 2, 3], list(seq_lens))  # the next step's lists
+    assert len(made) == 3
+
+
 @pytest.mark.parametrize("case", ["sinks", "verify", "over_the_bound"])
 def test_other_batches_stay_on_the_general_path(strided_caches, monkeypatch, case):
     """Sinks, a multi-token query and pages over SMALL_DECODE_BYTES keep the general path (and still match)."""

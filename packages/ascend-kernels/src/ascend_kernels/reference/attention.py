@@ -380,6 +380,37 @@ def _mask(ctx, m, g, length, causal, sliding_window):
     return mask[:, None, :, None, :].expand(n, 1, m, g, length).reshape(n, 1, m * g, length)
 
 
+def _per_block_bytes(key_cache: torch.Tensor, value_cache: torch.Tensor, sinks) -> int:
+    """Gathered bytes per block: the pages in the dtype they are read in (the matmul dtype, except that without sinks
+    a precision the CPU only emulates goes to torch's fused attention as it is, see _attend_blocks), plus the dense K
+    copy natively supported reduced precision makes."""
+    _, bs, hkv, d = key_cache.shape
+    read_dtype = key_cache.dtype if sinks is None else _matmul_dtype(key_cache)
+    dense_k = read_dtype != torch.float32 and not _emulated_matmul(read_dtype)
+    return bs * hkv * (d + value_cache.shape[3] + (d if dense_k else 0)) * read_dtype.itemsize
+
+
+def _reads_in_place(key_cache: torch.Tensor, value_cache: torch.Tensor, sinks, ctx_blocks: list[int],
+                    per_block: int, requests: int) -> bool:
+    """Few rows without sinks over a float32 / float64 cache read the pages in place (`paged_blocks`), one request
+    (or KV-head group) per part, unless the contexts are small enough to gather (see GATHER_SMALL_BYTES); reduced
+    precision keeps the gathered pages (see paged_blocks for why)."""
+    if sinks is not None or key_cache.dtype not in (torch.float32, torch.float64):
+        return False
+    return value_cache.dtype == key_cache.dtype and sum(ctx_blocks) * per_block > GATHER_SMALL_BYTES * requests
+
+
+def _small_decode(query, key_cache, value_cache, starts: list[int], lens: list[int], sinks) -> bool:
+    """Whether a batch takes `paged_small_decode`: a small decode batch whose pages the general path would gather."""
+    qlens = [starts[i + 1] - starts[i] for i in range(len(lens))]
+    if not paged_small_decode.fits(query, key_cache, value_cache, qlens, lens, sinks):
+        return False
+    bs = key_cache.shape[1]
+    ctx_blocks = [-(-n // bs) for n in lens]
+    per_block = _per_block_bytes(key_cache, value_cache, sinks)
+    return not _reads_in_place(key_cache, value_cache, sinks, ctx_blocks, per_block, len(lens))
+
+
 def paged_attention(
     query,
     key_cache,
@@ -411,33 +442,22 @@ def paged_attention(
     lens = seq_lens_host if seq_lens_host is not None else seq_lens.tolist()
     if starts[-1] < t:
         out[starts[-1] :].zero_()
+    plan = paged_small_decode.step_plan(query, key_cache, value_cache, block_table, seq_lens, starts, lens,
+                                        sliding_window, lambda: _small_decode(query, key_cache, value_cache, starts,
+                                                                              lens, sinks))
+    if plan is not None:
+        return paged_small_decode.attend_small_decode(query, key_cache, value_cache, plan, scale, out)
     qlens = [starts[i + 1] - starts[i] for i in range(r)]
     ctx_blocks = [-(-n // bs) for n in lens]
-    # The pages are read in the matmul dtype, except that without sinks a precision the CPU only emulates goes to
-    # torch's fused attention as it is (see _attend_blocks). Gathered bytes per block: the pages, plus the dense K
-    # copy natively supported reduced precision makes.
-    read_dtype = key_cache.dtype if sinks is None else _matmul_dtype(key_cache)
-    elem = torch.empty((), dtype=read_dtype).element_size()
-    dense_k = read_dtype != torch.float32 and not _emulated_matmul(read_dtype)
-    per_token = (d + dv + (d if dense_k else 0)) * elem
-    per_block = bs * hkv * per_token
+    read_dtype = key_cache.dtype if sinks is None else _matmul_dtype(key_cache)  # see _per_block_bytes
+    per_block = _per_block_bytes(key_cache, value_cache, sinks)
     device = query.device
     table = block_table.long().clamp(0, key_cache.shape[0] - 1)  # never in place: the caller's table may be long
 
     def by_blocks(m: int) -> bool:  # else torch's fused attention, which tiles a long prefill's [rows, keys] problem
         return sinks is not None or dv != d or m * g <= SMALL_ROWS
 
-    # Few rows without sinks over a float32 / float64 cache read the pages in place (`paged_blocks`), one request
-    # (or KV-head group) per part; reduced precision keeps the gathered pages (see paged_blocks for why).
-    in_place = (
-        sinks is None and key_cache.dtype in (torch.float32, torch.float64) and value_cache.dtype == key_cache.dtype
-    )
-    if in_place and sum(ctx_blocks) * per_block <= GATHER_SMALL_BYTES * r:  # see GATHER_SMALL_BYTES
-        in_place = False
-    if not in_place and paged_small_decode.fits(query, key_cache, value_cache, qlens, lens, sinks):
-        return paged_small_decode.attend_small_decode(
-            query, key_cache, value_cache, table, seq_lens, lens, scale, sliding_window, out
-        )
+    in_place = _reads_in_place(key_cache, value_cache, sinks, ctx_blocks, per_block, r)
     table_host: list[list[int]] = []
 
     threads = torch.get_num_threads()

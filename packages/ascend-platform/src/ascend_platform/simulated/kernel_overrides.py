@@ -24,7 +24,7 @@ from vllm.logger import init_logger
 from ascend_platform import usage
 from ascend_platform.ops import sampling_filter
 from ascend_platform.patches import REGISTRY
-from ascend_platform.simulated import model_kernels, triton_interpreter
+from ascend_platform.simulated import kernel_rebind, model_kernels, triton_interpreter
 from ascend_platform.simulated.mrv2_kernels import batch, logits_processors, sampling, spec_decode
 
 logger = init_logger(__name__)
@@ -105,6 +105,14 @@ def _cpu_fallbacks() -> dict[str, Callable]:
     return table
 
 
+def _register(overrides: dict[str, Callable]) -> None:
+    """vLLM's register_kernels, its holder scan made by identity lookups (`kernel_rebind.rebind_kernels`)."""
+    from vllm.triton_utils.dispatcher import register_kernels
+
+    with REGISTRY.applied("simulated.kernel_rebind_scan", kernel_rebind.rebind_kernels):
+        register_kernels(overrides)
+
+
 # Kernels of model code, which vLLM imports with the model: replaced once the model is loaded
 # (`register_model_kernels`), so that a worker serving another model never imports their modules.
 MODEL_STAND_INS: tuple[StandIn, ...] = (
@@ -124,11 +132,9 @@ def register_model_kernels() -> None:
     (`model_kernels`: kernels the interpreter computes wrong)."""
     if not triton_interpreter.enabled():
         return
-    from vllm.triton_utils.dispatcher import register_kernels
-
     due = {s.kernel: _counted(s) for s in MODEL_STAND_INS if s.kernel not in _model_registered and _loaded(s.kernel)}
     if due:
-        register_kernels(due)
+        _register(due)
         _model_registered.update(due)
         logger.info("simulated lane: model kernels replaced by their eager twins: %s", ", ".join(sorted(due)))
 
@@ -141,15 +147,14 @@ def register_for_lane() -> None:
     from vllm.platforms.cpu import CpuPlatform
 
     if not triton_interpreter.enabled():
-        CpuPlatform.register_triton_kernel_overrides()
+        with REGISTRY.applied("simulated.kernel_rebind_scan", kernel_rebind.rebind_kernels):
+            CpuPlatform.register_triton_kernel_overrides()
         lane = triton_interpreter.status()
         usage.note("triton", "native" if lane.mode == "native" else "off")
         return
     if _registered:
         return
-    from vllm.triton_utils.dispatcher import register_kernels
-
-    register_kernels({**_cpu_fallbacks(), **{s.kernel: _counted(s) for s in STAND_INS}})
+    _register({**_cpu_fallbacks(), **{s.kernel: _counted(s) for s in STAND_INS}})
     _registered = True
     if not triton_interpreter.library_ready():
         logger.warning("Triton's language library was imported before its interpreter was on in this process and "
