@@ -28,18 +28,24 @@ def _naive_slots(block_table, req_indices, query_start_loc, positions, block_siz
     return torch.tensor(out, dtype=torch.int64)
 
 
+# a mixed batch; a decode batch (one token per request); as many tokens as requests but not one each
+QUERY_LENS = pytest.mark.parametrize("query_lens", [[3, 2, 5, 1], [1, 1, 1, 1], [2, 0, 1, 1]])
+
+
+@QUERY_LENS
 @pytest.mark.parametrize("table_dtype", [torch.int32, torch.int64])
 @pytest.mark.parametrize("block_size", [16, 32])
-def test_slot_mapping_matches_a_per_token_loop(table_dtype, block_size):
+def test_slot_mapping_matches_a_per_token_loop(table_dtype, block_size, query_lens):
     gen = torch.Generator().manual_seed(block_size)
     block_table = torch.randint(0, 50, (6, 8), generator=gen, dtype=table_dtype)
     req_indices = torch.tensor([4, -1, 0, 2])  # a dummy request (-1) in the middle
-    lens = torch.tensor([3, 2, 5, 1])
+    lens = torch.tensor(query_lens)
+    total = sum(query_lens)
     qsl = torch.zeros(7, dtype=torch.int32)  # padded past num_reqs + 1, as vLLM's persistent buffer is
     qsl[1:5] = torch.cumsum(lens, 0)
-    qsl[5:] = 11
+    qsl[5:] = total
     positions = torch.tensor([block_size - 2, block_size - 1, block_size, 0, 7, 0, 1, 2 * block_size - 1,
-                              2 * block_size, 5, 100])  # both sides of block edges
+                              2 * block_size, 5, 100])[:total]  # both sides of block edges
     out = torch.full((16,), 777, dtype=torch.int64)
     result = ops.compute_slot_mapping(block_table, req_indices, qsl, positions, block_size, out=out)
     assert result is out

@@ -38,7 +38,7 @@ def test_the_scan_repoints_every_holder(monkeypatch, scan):
     monkeypatch.setitem(sys.modules, module.__name__, module)
     wrappers = [object(), object()]
     rebind = dispatcher._rebind_kernels if scan == "upstream" else kernel_rebind.rebind_kernels
-    rebind(list(zip(originals, wrappers)))
+    rebind(list(zip(originals, wrappers, strict=True)))
     assert module.copy is wrappers[0]
     assert module.owner.kernel is wrappers[1] and "_kernel_arg_names" not in vars(module.owner)
     assert vars(module.owner_class)["kernel"] is wrappers[1]  # a class's attribute, no cached binding to drop
