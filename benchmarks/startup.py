@@ -25,7 +25,7 @@ Prints ONE JSON object as the last line of stdout (logs go to stderr):
 plus the raw figures and where the time goes (vLLM's own init/weight-loading log lines; our kernels' share of the
 generate time, from the worker's usage counters).
 
-    uv run --no-sync python benchmarks/startup.py [--rounds 1] [--decode-rounds 7] [--max-tokens 256]
+    uv run --no-sync python benchmarks/startup.py [--rounds 3] [--decode-rounds 7] [--max-tokens 256]
                                                   [--cpus CPUS] [--no-mrv2] [--no-mla]
 """
 
@@ -100,8 +100,8 @@ def spread(values: list[float]) -> dict:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=1, help="start-up rounds, each engine started afresh "
-                        "(median taken)")
+    parser.add_argument("--rounds", type=int, default=3, help="start-up rounds, each engine started afresh "
+                        "(median taken; one round's start-up ratio swung 1.11-1.37 over three runs here)")
     parser.add_argument("--decode-rounds", type=int, default=7, help="interleaved decode rounds over the engines "
                         "of the last start-up round (median ratio taken)")
     parser.add_argument("--max-tokens", type=int, default=256, help="decode tokens per prompt per round (4 prompts "
