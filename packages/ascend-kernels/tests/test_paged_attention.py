@@ -177,6 +177,12 @@ def test_a_small_decode_plan_is_made_once_per_step(strided_caches, monkeypatch):
     assert len(made) == 2
     step([0, 1, 2, 3], list(seq_lens))  # the next step's lists
     assert len(made) == 3
+    with torch.inference_mode():  # inference tensors track no version: a plan per call, and still right
+        table, lens = table.clone(), lens.clone()
+        step(starts, host_lens)
+        table[0, 0] = 11
+        step(starts, host_lens)
+    assert len(made) == 7
 
 
 @pytest.mark.parametrize("case", ["sinks", "verify", "over_the_bound"])

@@ -106,10 +106,14 @@ def step_plan(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.T
 
     A step is one host lengths list: the attention backend builds `starts` / `lens` once per step and hands the same
     lists to every layer, and a different list object starts a new memo. Within it a plan is reused by a layer
-    with the same block table and seq_lens tensors, unchanged since (torch's in-place version counter), over a cache
-    of the same shape, dtype and window; so the op's contract that the host lists equal the tensors is all it
-    relies on, and a caller that rewrote a list in place would have to pass a new one anyway.
+    with the same block table and seq_lens tensors, unchanged since (torch's in-place version counter; tensors made
+    under inference mode have none, and get a plan per call), over a cache of the same shape, dtype and window; so
+    the op's contract that the host lists equal the tensors is all it relies on, and a caller that rewrote a list
+    in place would have to pass a new one anyway.
     """
+    if block_table.is_inference() or seq_lens.is_inference():
+        # tensors made under inference mode track no version: nothing would show a rewrite, so no reuse
+        return make_plan(query, key_cache, block_table, seq_lens, lens, sliding_window) if small() else None
     memo = _MEMO
     if memo.lens is not lens:
         memo.lens, memo.plans, memo.held = lens, {}, []
