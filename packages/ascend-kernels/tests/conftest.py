@@ -44,6 +44,22 @@ def strided_caches():
     return _strided_caches
 
 
+def _load_paged_cases() -> None:
+    """`tests/paged_cases.py` as the module `paged_cases`, which both paged-attention test files import (the tests run
+    with --import-mode=importlib, where a sibling module is not importable by name; this conftest runs first)."""
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location("paged_cases", Path(__file__).with_name("paged_cases.py"))
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["paged_cases"] = module
+    spec.loader.exec_module(module)
+
+
+_load_paged_cases()
+
+
 # ------------------------------------------------------------------ DeepSeek V4: naive codecs of vLLM's byte layouts
 
 _FP8_GRID = torch.arange(127, dtype=torch.uint8).view(torch.float8_e4m3fn).double()  # bytes 0..126: 0..448
