@@ -14,7 +14,9 @@ rms_norm + residual, rotary, cache write, paged attention, rms_norm + residual, 
 only shrink the fraction).
 
 Prints ONE JSON object as the last line of stdout (logs on stderr):
-  {"ops": [{"op", "dtype", "ref_ms", "baseline", "baseline_ms", "ratio"}, ...],
+  {"reference_native": {"available", "reason"}: whether the reference's native loops ran (see ascend-kernels' README;
+   ASCEND_VLLM_NATIVE_KERNELS=0 times the torch formulation alone),
+   "ops": [{"op", "dtype", "ref_ms", "baseline", "baseline_ms", "ratio"}, ...],
    "paged_decode_ratio": <worst of float32/bfloat16>, "paged_decode_ratio_by_dtype": {...},
    "mla_decode_ratio": <our MLA decode / vLLM's CPU MLA decode op (the one its CPU_MLA backend calls), batch 8,
    1,024-token contexts, 16 heads, kv_lora_rank 512, rope 64, float32, goal <= 2>,
@@ -424,7 +426,11 @@ def main() -> int:
     rows += bench_layers(args.repeats)
     rows += bench_plain_torch(args.repeats)
     validation = validation_overhead(args.repeats * 5)
+    from ascend_kernels.reference import native_build
+
+    native = native_build.status()
     result = {
+        "reference_native": {"available": native.available, "reason": native.reason},
         "ops": rows,
         "paged_decode_ratio": max(decode.values()),
         "paged_decode_ratio_by_dtype": decode,

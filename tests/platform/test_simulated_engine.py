@@ -61,6 +61,12 @@ def test_our_allocator_backend_and_kernels_did_the_work(platform_runs):
     for op in ("kernels.paged_attention", "kernels.reshape_and_cache", "kernels.rms_norm", "kernels.silu_and_mul",
                "kernels.rotary_embedding"):
         assert ran.get(op, 0) > 0, (op, ran)
+    # the reference's layer ops, cache writes and decodes ran on its native loops (CI has a C compiler; they are built
+    # at first use)
+    native = usage["reference_native"]
+    assert native["available"], native["reason"]
+    for op in ("rms_norm", "rotary_embedding", "silu_and_mul", "reshape_and_cache", "paged_attention"):
+        assert native["calls"][op] > 0, (op, native)
     assert facts["runner_class"].startswith("ascend_platform.worker.")
 
 

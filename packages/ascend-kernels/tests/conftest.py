@@ -155,3 +155,31 @@ _VLLM_TRITON = _load_vllm_triton()
 @pytest.fixture(scope="session")
 def vllm_triton():
     return _VLLM_TRITON
+
+
+@pytest.fixture
+def torch_formulation(monkeypatch) -> None:
+    """The reference's torch formulation alone (its native loops switched off): for tests of that formulation's own
+    paths (gathers, chunks, step plans), which the loops would otherwise take the calls from."""
+    from ascend_kernels.reference import native_build
+
+    monkeypatch.setenv(native_build.ENV_SWITCH, "0")
+    monkeypatch.setattr(native_build, "_STATE", {})  # loaded anew (switched off); the loaded state comes back after
+
+
+@pytest.fixture(params=["native", "torch"])
+def formulation(request, monkeypatch) -> str:
+    """Each per-token layer op test runs twice: on the reference's native loops (built here; CI has a C compiler, a
+    host without one skips this half) and on its torch formulation (the loops switched off)."""
+    import shutil
+
+    from ascend_kernels.reference import native_build
+
+    if request.param == "torch":
+        monkeypatch.setenv(native_build.ENV_SWITCH, "0")
+    elif shutil.which("cc") is None and shutil.which("gcc") is None:
+        pytest.skip("no C compiler: the native loops cannot be built on this host")
+    monkeypatch.setattr(native_build, "_STATE", {})  # loaded anew under this switch; the loaded state comes back after
+    if request.param == "native":
+        assert native_build.status().available, native_build.status().reason
+    return request.param

@@ -6,6 +6,15 @@ import pytest
 import torch
 
 from ascend_kernels import ops
+from ascend_kernels.reference import native_layers
+
+
+def _write(formulation, *args):
+    """ops.reshape_and_cache, asserting the native loop took the call exactly when it runs and has tokens."""
+    before = native_layers.calls()["reshape_and_cache"]
+    ops.reshape_and_cache(*args)
+    took = native_layers.calls()["reshape_and_cache"] - before
+    assert took == int(formulation == "native" and args[0].shape[0] > 0)
 
 
 def _naive_write(src, cache, slots):
@@ -27,7 +36,7 @@ def _naive_write(src, cache, slots):
         [33, -1, 2, -1, 47, 20],  # padding slots in between
     ],
 )
-def test_reshape_and_cache_writes_each_token_to_its_slot(strided_caches, dtype, slots):
+def test_reshape_and_cache_writes_each_token_to_its_slot(strided_caches, dtype, slots, formulation):
     backing, k_cache, v_cache = strided_caches(4, 16, 2, 8, 12, dtype)
     other_layer = backing.view(dtype).view(4, 2, 2, 16, 20)[:, 0].clone()
     slot_mapping = torch.tensor(slots, dtype=torch.int64)
@@ -35,7 +44,7 @@ def test_reshape_and_cache_writes_each_token_to_its_slot(strided_caches, dtype, 
     key, value = torch.randn(n, 2, 8), torch.randn(n, 2, 12)
     expected_k = _naive_write(key, k_cache, slot_mapping)
     expected_v = _naive_write(value, v_cache, slot_mapping)
-    ops.reshape_and_cache(key.to(dtype), value.to(dtype), k_cache, v_cache, slot_mapping)
+    _write(formulation, key.to(dtype), value.to(dtype), k_cache, v_cache, slot_mapping)
     torch.testing.assert_close(k_cache, expected_k, rtol=0, atol=0)
     torch.testing.assert_close(v_cache, expected_v, rtol=0, atol=0)
     # The write stayed inside this layer's pages of the shared backing.
@@ -44,7 +53,7 @@ def test_reshape_and_cache_writes_each_token_to_its_slot(strided_caches, dtype, 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("slots", [[5], [15, 16], [33, -1, 2, -1, 47, 20], [-1, -1]])
-def test_dense_planes_are_written_by_slot(dtype, slots):
+def test_dense_planes_are_written_by_slot(dtype, slots, formulation):
     """The device KV layout's dense planes (K for every block, then V, in one region) take the slot-indexed write
     (`_token_rows`); the bytes past both planes stay untouched."""
     from ascend_kernels.reference.cache_write import _token_rows
@@ -56,10 +65,31 @@ def test_dense_planes_are_written_by_slot(dtype, slots):
     slot_mapping = torch.tensor(slots, dtype=torch.int32)
     key, value = torch.randn(len(slots), 2, 8), torch.randn(len(slots), 2, 8)
     expected_k, expected_v = _naive_write(key, k_cache, slot_mapping), _naive_write(value, v_cache, slot_mapping)
-    ops.reshape_and_cache(key.to(dtype), value.to(dtype), k_cache, v_cache, slot_mapping)
+    _write(formulation, key.to(dtype), value.to(dtype), k_cache, v_cache, slot_mapping)
     torch.testing.assert_close(k_cache, expected_k, rtol=0, atol=0)
     torch.testing.assert_close(v_cache, expected_v, rtol=0, atol=0)
     assert not region[-64:].any()
+
+
+@pytest.mark.parametrize(("src", "cache"), [(torch.float32, torch.bfloat16), (torch.bfloat16, torch.float32),
+                                            (torch.float16, torch.bfloat16)])
+def test_tokens_of_another_dtype_are_rounded_as_torch_rounds(strided_caches, src, cache, formulation):
+    """Keys and values of another dtype than the cache are converted as `.to()` converts them (nearest even)."""
+    _, k_cache, v_cache = strided_caches(4, 16, 2, 8, 8, cache)
+    slot_mapping = torch.tensor([3, -1, 40, 17])
+    key, value = (torch.randn(4, 2, 8) * 100).to(src), torch.randn(4, 2, 8).to(src)
+    expected_k, expected_v = _naive_write(key, k_cache, slot_mapping), _naive_write(value, v_cache, slot_mapping)
+    _write(formulation, key, value, k_cache, v_cache, slot_mapping)
+    assert torch.equal(k_cache, expected_k) and torch.equal(v_cache, expected_v)
+
+
+def test_a_slot_past_the_caches_is_named_and_nothing_is_written(formulation):
+    k_cache, v_cache = torch.zeros(2, 4, 1, 4), torch.zeros(2, 4, 1, 4)
+    key = torch.ones(2, 1, 4)
+    with pytest.raises(IndexError, match="8" if formulation == "native" else ""):
+        ops.reshape_and_cache(key, key, k_cache, v_cache, torch.tensor([1, 8]))
+    if formulation == "native":  # the loop checks every slot first (torch's index_copy_ may have written some)
+        assert not k_cache.any() and not v_cache.any()
 
 
 def test_int32_slot_mapping_is_accepted():

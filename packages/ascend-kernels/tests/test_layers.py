@@ -8,6 +8,12 @@ import pytest
 import torch
 
 from ascend_kernels import ops
+from ascend_kernels.reference import native_layers
+
+
+def _took(op: str, before: dict[str, int]) -> bool:
+    """Whether the native loops took a call of op since `before` (`native_layers.calls()`)."""
+    return native_layers.calls()[op] > before[op]
 
 DTYPES = pytest.mark.parametrize(
     ("dtype", "tol"), [(torch.float32, dict(rtol=1e-5, atol=1e-5)), (torch.bfloat16, dict(rtol=2e-2, atol=2e-2))]
@@ -37,7 +43,7 @@ def _naive_rope(x, positions, head_size, rotary_dim, is_neox, base=10000.0):
 @DTYPES
 @pytest.mark.parametrize("is_neox", [True, False])
 @pytest.mark.parametrize("rotary_dim", [16, 8])  # full and partial rotary
-def test_rotary_embedding(dtype, tol, is_neox, rotary_dim):
+def test_rotary_embedding(dtype, tol, is_neox, rotary_dim, formulation):
     head_size, tokens = 16, 5
     positions = torch.tensor([0, 3, 7, 1, 30])
     qkv = torch.randn(tokens, 7 * head_size).to(dtype)
@@ -45,6 +51,7 @@ def test_rotary_embedding(dtype, tol, is_neox, rotary_dim):
     expected_q = _naive_rope(query, positions, head_size, rotary_dim, is_neox)
     expected_k = _naive_rope(key, positions, head_size, rotary_dim, is_neox)
     untouched = qkv[:, 6 * head_size :].clone()
+    before = native_layers.calls()
     q_out, k_out = ops.rotary_embedding(
         positions,
         query,
@@ -55,6 +62,7 @@ def test_rotary_embedding(dtype, tol, is_neox, rotary_dim):
         is_neox=is_neox,
     )
     assert q_out is query and k_out is key  # in place, on views of one qkv buffer
+    assert _took("rotary_embedding", before) == (formulation == "native")
     torch.testing.assert_close(query.double(), expected_q, **tol)
     torch.testing.assert_close(key.double(), expected_k, **tol)
     assert torch.equal(qkv[:, 6 * head_size :], untouched)
@@ -62,9 +70,10 @@ def test_rotary_embedding(dtype, tol, is_neox, rotary_dim):
 
 @pytest.mark.parametrize(("layout", "passes"), [("fused", 1), ("key_first", 2), ("gap", 2), ("separate", 2)])
 def test_rotary_rotates_adjacent_query_and_key_as_one(monkeypatch, layout, passes):
-    """A key directly after its query in one buffer is rotated with it in one pass; a key before the query, a gap
-    between them, or two buffers take a pass each. All equal the naive rotation and leave other columns alone."""
-    from ascend_kernels.reference import layers
+    """The torch formulation: a key directly after its query in one buffer is rotated with it in one pass; a key
+    before the query, a gap between them, or two buffers take a pass each. All equal the naive rotation and leave
+    other columns alone."""
+    from ascend_kernels.reference import layers, native_build
 
     head_size, tokens = 16, 5
     positions = torch.tensor([0, 3, 7, 1, 30])
@@ -79,6 +88,8 @@ def test_rotary_rotates_adjacent_query_and_key_as_one(monkeypatch, layout, passe
     before = qkv.clone()
     expected_q = _naive_rope(query, positions, head_size, head_size, True)
     expected_k = _naive_rope(key, positions, head_size, head_size, True)
+    monkeypatch.setenv(native_build.ENV_SWITCH, "0")
+    monkeypatch.setattr(native_build, "_STATE", {})  # loaded anew (switched off); the loaded state comes back after
     rotations = []
     rotate = layers._rotate_in_place
     monkeypatch.setattr(layers, "_rotate_in_place", lambda *a: rotations.append(1) or rotate(*a))
@@ -106,7 +117,7 @@ def test_rotary_embedding_empty_and_keyless():
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("with_residual", [False, True])
-def test_rms_norm_leaves_inputs_alone(dtype, with_residual):
+def test_rms_norm_leaves_inputs_alone(dtype, with_residual, formulation):
     """The reference scales in place where it holds a float32 copy: never the caller's x, residual or weight."""
     x, weight = torch.randn(3, 32).to(dtype), torch.randn(32).to(dtype)
     residual = torch.randn(3, 32).to(dtype) if with_residual else None
@@ -123,13 +134,15 @@ def test_rms_norm_leaves_inputs_alone(dtype, with_residual):
 @DTYPES
 @pytest.mark.parametrize("with_residual", [False, True])
 @pytest.mark.parametrize("tokens", [0, 1, 7])
-def test_rms_norm(dtype, tol, with_residual, tokens):
+def test_rms_norm(dtype, tol, with_residual, tokens, formulation):
     x, weight = torch.randn(tokens, 64).to(dtype), torch.randn(64).to(dtype)
     residual = torch.randn(tokens, 64).to(dtype) if with_residual else None
     h = x.double() + (residual.double() if with_residual else 0)
     expected = torch.stack([row / math.sqrt((row * row).mean().item() + 1e-6) for row in h]) if tokens else h
     expected = expected * weight.double()
+    before = native_layers.calls()
     result = ops.rms_norm(x, weight, 1e-6, residual)
+    assert _took("rms_norm", before) == (formulation == "native" and tokens > 0)
     if with_residual:
         result, new_residual = result
         torch.testing.assert_close(new_residual.double(), h, **tol)
@@ -138,10 +151,16 @@ def test_rms_norm(dtype, tol, with_residual, tokens):
 
 
 @DTYPES
-def test_silu_and_mul(dtype, tol):
-    x = torch.randn(3, 5, 16).to(dtype)
-    gate, up = x[..., :8].double(), x[..., 8:].double()
-    torch.testing.assert_close(ops.silu_and_mul(x).double(), gate / (1 + torch.exp(-gate)) * up, **tol)
+@pytest.mark.parametrize("shape", [(3, 5, 16), (300, 512)])  # 300 rows: the native loop's threaded region
+def test_silu_and_mul(dtype, tol, shape, formulation):
+    x = (torch.randn(shape) * 8).to(dtype)  # far into both tails of the sigmoid
+    d = shape[-1] // 2
+    gate, up = x[..., :d].double(), x[..., d:].double()
+    before = native_layers.calls()
+    out = ops.silu_and_mul(x)
+    assert _took("silu_and_mul", before) == (formulation == "native")
+    assert out.dtype == dtype and out.shape == (*shape[:-1], d)
+    torch.testing.assert_close(out.double(), gate / (1 + torch.exp(-gate)) * up, **tol)
 
 
 @DTYPES

@@ -11,6 +11,9 @@ from paged_cases import run as _run
 from ascend_kernels import ops
 
 DTYPES = pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+# The torch formulation's small-decode path (the native decode loop, which takes decode batches first, is held to the
+# same naive formulation in test_native_attention.py).
+pytestmark = pytest.mark.usefixtures("torch_formulation")
 
 
 @DTYPES

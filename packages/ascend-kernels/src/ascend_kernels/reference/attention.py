@@ -28,7 +28,7 @@ import threading
 import torch
 import torch.nn.functional as F
 
-from ascend_kernels.reference import paged_small_decode
+from ascend_kernels.reference import native_attention, paged_small_decode
 from ascend_kernels.reference.chunk_threads import run_chunks
 from ascend_kernels.reference.paged_blocks import attend_pages as _attend_pages
 from ascend_kernels.reference.paged_prefill import prefill_pieces
@@ -442,6 +442,9 @@ def paged_attention(
     lens = seq_lens_host if seq_lens_host is not None else seq_lens.tolist()
     if starts[-1] < t:
         out[starts[-1] :].zero_()
+    if native_attention.paged_decode(query, key_cache, value_cache, block_table, seq_lens, starts, lens, scale,
+                                     sliding_window, sinks, out):
+        return out
     plan = paged_small_decode.step_plan(query, key_cache, value_cache, block_table, seq_lens, starts, lens,
                                         sliding_window, lambda: _small_decode(query, key_cache, value_cache, starts,
                                                                               lens, sinks))

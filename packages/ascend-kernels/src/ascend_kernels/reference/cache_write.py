@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import torch
 
+from ascend_kernels.reference import native_layers
+
 
 def _token_rows(cache: torch.Tensor) -> torch.Tensor | None:
     """The cache as `[num_blocks * block_size, ...]`, one row per slot, when its blocks follow each other with no gap
@@ -37,6 +39,8 @@ def _write(slot_mapping: torch.Tensor, *pairs: tuple[torch.Tensor, torch.Tensor]
 
 def reshape_and_cache(key, value, key_cache, value_cache, slot_mapping) -> None:
     if key.shape[0] == 0:
+        return
+    if native_layers.reshape_and_cache(key, value, key_cache, value_cache, slot_mapping):
         return
     _write(slot_mapping, (key, key_cache), (value, value_cache))
 

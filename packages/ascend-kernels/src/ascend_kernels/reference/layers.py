@@ -8,6 +8,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from ascend_kernels.reference import native_layers
+
 
 def _rotate_in_place(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, head_size: int, rotary_dim: int,
                      is_neox: bool) -> None:
@@ -62,6 +64,8 @@ def _query_and_key(query: torch.Tensor, key: torch.Tensor | None, head_size: int
 def rotary_embedding(positions, query, key, cos_sin_cache, *, head_size, rotary_dim, is_neox):
     if positions.shape[0] == 0:
         return query, key
+    if native_layers.rotary_embedding(positions, query, key, cos_sin_cache, head_size, rotary_dim, is_neox):
+        return query, key
     rows = cos_sin_cache.index_select(0, positions.long())  # [tokens, rotary_dim]: cos half, then sin half
     if rows.dtype != torch.float32:
         rows = rows.float()
@@ -84,6 +88,9 @@ def rms_norm(x, weight, eps, residual=None):
     tensor times a float32 one, or written into a bfloat16 output) run ~2x slower than the conversion plus the
     float32 op (64 x 4,096 bfloat16, 1-2 threads: 105-130 vs 122-163 us).
     """
+    native = native_layers.rms_norm(x, weight, eps, residual)
+    if native is not None:
+        return native
     h = x.float()  # x itself when float32
     if residual is not None:
         h = h.add_(residual) if h is not x else h + residual  # float32: a reduced-precision residual is exact
@@ -100,5 +107,8 @@ def rms_norm(x, weight, eps, residual=None):
 
 
 def silu_and_mul(x):
+    native = native_layers.silu_and_mul(x)
+    if native is not None:
+        return native
     d = x.shape[-1] // 2
     return (F.silu(x[..., :d].float()) * x[..., d:].float()).to(x.dtype)

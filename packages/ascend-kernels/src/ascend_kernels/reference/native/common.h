@@ -1,0 +1,78 @@
+/* What the native loops share: the dtype codes the Python side passes, float32 <-> bfloat16 / float16 conversion
+ * as torch rounds, and row loads and stores through those conversions. */
+#ifndef AK_COMMON_H
+#define AK_COMMON_H
+
+#include <stdint.h>
+#include <string.h>
+
+enum { AK_F32 = 0, AK_BF16 = 1, AK_F16 = 2 };
+
+/* Below this many elements a call stays on the calling thread: waking the pool costs more than the work. */
+#define AK_PARALLEL_MIN_ELEMS 32768
+
+static inline size_t ak_size(int dt) { return dt == AK_F32 ? 4 : 2; }
+
+static inline float ak_bf16_to_f32(uint16_t b) {
+    uint32_t u = (uint32_t)b << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+static inline uint16_t ak_f32_to_bf16(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    uint32_t rounded = (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
+    return (u & 0x7FFFFFFFu) > 0x7F800000u ? (uint16_t)0x7FC0 : (uint16_t)rounded; /* NaN as torch writes it */
+}
+
+/* n elements of dtype dt at src into float32 dst. */
+static inline void ak_load(const void *src, int dt, float *dst, int64_t n) {
+    if (dt == AK_F32) {
+        memcpy(dst, src, (size_t)n * 4);
+    } else if (dt == AK_BF16) {
+        const uint16_t *s = (const uint16_t *)src;
+        for (int64_t i = 0; i < n; i++) dst[i] = ak_bf16_to_f32(s[i]);
+    } else {
+        const _Float16 *s = (const _Float16 *)src;
+        for (int64_t i = 0; i < n; i++) dst[i] = (float)s[i];
+    }
+}
+
+/* n float32 values at src into dtype dt at dst (rounded to nearest even). */
+static inline void ak_store(void *dst, int dt, const float *src, int64_t n) {
+    if (dt == AK_F32) {
+        memcpy(dst, src, (size_t)n * 4);
+    } else if (dt == AK_BF16) {
+        uint16_t *d = (uint16_t *)dst;
+        for (int64_t i = 0; i < n; i++) d[i] = ak_f32_to_bf16(src[i]);
+    } else {
+        _Float16 *d = (_Float16 *)dst;
+        for (int64_t i = 0; i < n; i++) d[i] = (_Float16)src[i];
+    }
+}
+
+/* exp(x) for x <= 0 (softmax after subtracting the maximum) without a libm call, so the loop over a row's scores
+ * vectorizes: 2^n * 2^f with n = round(x log2 e), |f| <= 1/2, 2^f by its degree-7 Taylor polynomial (relative
+ * error ~5e-9, below float32's rounding). */
+static inline float ak_exp_nonpositive(float x) {
+    x = x < -87.0f ? -87.0f : x;
+    const float t = x * 1.4426950408889634f;
+    const float n = nearbyintf(t);
+    const float f = (t - n) * 0.6931471805599453f; /* f ln 2 in [-ln2/2, ln2/2] */
+    float p = 1.0f / 5040.0f;
+    p = p * f + 1.0f / 720.0f;
+    p = p * f + 1.0f / 120.0f;
+    p = p * f + 1.0f / 24.0f;
+    p = p * f + 1.0f / 6.0f;
+    p = p * f + 0.5f;
+    p = p * f + 1.0f;
+    p = p * f + 1.0f;
+    const int32_t bits = ((int32_t)n + 127) << 23;
+    float scale;
+    memcpy(&scale, &bits, 4);
+    return p * scale;
+}
+
+#endif
