@@ -183,3 +183,18 @@ def formulation(request, monkeypatch) -> str:
     if request.param == "native":
         assert native_build.status().available, native_build.status().reason
     return request.param
+
+
+@pytest.fixture
+def native_loops(monkeypatch) -> None:
+    """The reference's native loops loaded anew (the switch cleared) for a test of the loops themselves; a host
+    without a C compiler skips it."""
+    import shutil
+
+    from ascend_kernels.reference import native_build
+
+    if shutil.which("cc") is None and shutil.which("gcc") is None:
+        pytest.skip("no C compiler: the native loops cannot be built on this host")
+    monkeypatch.delenv(native_build.ENV_SWITCH, raising=False)
+    monkeypatch.setattr(native_build, "_STATE", {})
+    assert native_build.status().available, native_build.status().reason

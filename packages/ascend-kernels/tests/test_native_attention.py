@@ -10,17 +10,7 @@ from paged_cases import run as _run  # loaded by conftest
 from ascend_kernels.reference import native_attention, native_build
 
 DTYPES = pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
-
-
-@pytest.fixture(autouse=True)
-def native_loaded(monkeypatch):
-    import shutil
-
-    if shutil.which("cc") is None and shutil.which("gcc") is None:
-        pytest.skip("no C compiler: the native loops cannot be built on this host")
-    monkeypatch.delenv(native_build.ENV_SWITCH, raising=False)
-    monkeypatch.setattr(native_build, "_STATE", {})
-    assert native_build.status().available, native_build.status().reason
+pytestmark = pytest.mark.usefixtures("native_loops")
 
 
 def _native(strided_caches, *, took=True, **case):

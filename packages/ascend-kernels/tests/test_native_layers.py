@@ -15,18 +15,7 @@ import torch
 from ascend_kernels import ops
 from ascend_kernels.reference import layers, native_build, native_layers
 
-pytestmark = pytest.mark.usefixtures("native_loaded")
-
-
-@pytest.fixture
-def native_loaded(monkeypatch):
-    import shutil
-
-    if shutil.which("cc") is None and shutil.which("gcc") is None:
-        pytest.skip("no C compiler: the native loops cannot be built on this host")
-    monkeypatch.delenv(native_build.ENV_SWITCH, raising=False)
-    monkeypatch.setattr(native_build, "_STATE", {})
-    assert native_build.status().available, native_build.status().reason
+pytestmark = pytest.mark.usefixtures("native_loops")
 
 
 def _torch_formulation(monkeypatch, fn):

@@ -8,6 +8,8 @@ autograd recording, or tracing under torch.compile (fake tensors have no data; a
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from ascend_kernels.reference import native_build
@@ -34,6 +36,16 @@ def host_tensors(*tensors: torch.Tensor | None) -> bool:
         if type(t) not in _PLAIN or t.device.type != "cpu" or t.dtype not in DTYPE_CODES or (grad and t.requires_grad):
             return False
     return True
+
+
+def _done(op: str, rc: int, out_of_range: Callable[[int], str]) -> None:
+    """Count a loop's call, or raise what its return code says: 1 + the index of the first out-of-range entry
+    (nothing was written), or -1 when a scratch buffer could not be allocated."""
+    if rc > 0:
+        raise IndexError(f"{op}: {out_of_range(rc - 1)}")
+    if rc < 0:
+        raise MemoryError(f"{op}: the native loop could not allocate its scratch buffers")
+    _CALLS[op] += 1
 
 
 def _rows(t: torch.Tensor, n: int) -> tuple[int, int] | None:
@@ -107,12 +119,8 @@ def rotary_embedding(positions, query, key, cos_sin_cache, head_size, rotary_dim
         cos_sin_cache.shape[0], query.data_ptr(), *q, None if key is None else key.data_ptr(), *k,
         DTYPE_CODES[query.dtype], rotary_dim, int(bool(is_neox)), torch.get_num_threads(),
     )
-    if rc > 0:
-        raise IndexError(f"rotary_embedding: positions[{rc - 1}] = {int(pos[rc - 1])} is outside cos_sin_cache's "
-                         f"{cos_sin_cache.shape[0]} rows")
-    if rc < 0:
-        raise MemoryError("rotary_embedding: the native loop could not allocate its row buffers")
-    _CALLS["rotary_embedding"] += 1
+    _done("rotary_embedding", rc, lambda i: f"positions[{i}] = {int(pos[i])} is outside cos_sin_cache's "
+                                            f"{cos_sin_cache.shape[0]} rows")
     return True
 
 
@@ -159,10 +167,6 @@ def reshape_and_cache(key, value, key_cache, value_cache, slot_mapping) -> bool:
         *value_cache.stride()[:3], DTYPE_CODES[key_cache.dtype], heads, d, value_cache.shape[3], block_size,
         num_blocks, torch.get_num_threads(),
     )
-    if rc > 0:
-        raise IndexError(f"reshape_and_cache: slot_mapping[{rc - 1}] = {int(slot_mapping[rc - 1])} is past the caches' "
-                         f"{num_blocks} x {block_size} slots")
-    if rc < 0:
-        raise MemoryError("reshape_and_cache: the native loop could not allocate its row buffer")
-    _CALLS["reshape_and_cache"] += 1
+    _done("reshape_and_cache", rc, lambda i: f"slot_mapping[{i}] = {int(slot_mapping[i])} is past the caches' "
+                                             f"{num_blocks} x {block_size} slots")
     return True
