@@ -48,7 +48,11 @@ def test_mrv2_ran_our_allocator_backend_kernels_and_stand_ins(platform_runs):
     for op in ("kernels.paged_attention", "kernels.reshape_and_cache", "kernels.rms_norm", "kernels.rotary_embedding",
                # MRV2's per-step Triton kernels, answered by our stand-ins instead of the interpreter
                "mrv2_kernels.prepare_pos_seq_lens", "mrv2_kernels.prepare_prefill_inputs", "mrv2_kernels.post_update",
-               "mrv2_kernels.gumbel_sample", "mrv2_kernels.topk_log_softmax", "mrv2_kernels.gather_block_tables"):
+               "mrv2_kernels.gumbel_sample", "mrv2_kernels.topk_log_softmax", "mrv2_kernels.gather_block_tables",
+               # the per-step ones on their host (numpy) paths: the simulated lane's tensors are CPU tensors
+               "mrv2_kernels.host.prepare_pos_seq_lens", "mrv2_kernels.host.combine_sampled_and_draft_tokens",
+               "mrv2_kernels.host.get_num_sampled_and_rejected", "mrv2_kernels.host.post_update",
+               "mrv2_kernels.host.gumbel_sample"):
         assert ran.get(op, 0) > 0, (op, ran)
 
 

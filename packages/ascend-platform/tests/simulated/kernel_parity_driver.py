@@ -384,6 +384,10 @@ def _block_tables(g, block_sizes, stand_in: bool):
 from logits_kernel_cases import *  # noqa: E402, F403 - more case_* functions (this file stays short)
 
 CASES = [name for name in list(globals()) if name.startswith("case_")]
+# The stand-ins with a host (numpy) path, `mrv2_kernels.host_batch`: each case also runs with it off.
+HOST_CASES = {name for name in CASES
+              if name.startswith(("case_prepare_pos", "case_combine", "case_num_sampled", "case_post_update",
+                                  "case_gumbel"))}
 BLOCK_TABLE_CASES = {"block_tables_one_group": [32], "block_tables_two_groups": [16, 32]}
 
 
@@ -418,7 +422,11 @@ def main() -> int:
     from ascend_platform.simulated.kernel_overrides import register_for_lane
 
     register_for_lane()
+    from ascend_platform.simulated.mrv2_kernels import host_batch
+
     ours = {name: globs[name](_gen(i)) for i, name in enumerate(CASES)}
+    with host_batch.disabled():  # the torch formulation, which the emulated NPU's tensors take, held to the same
+        ours_torch = {name: globs[name](_gen(i)) for i, name in enumerate(CASES) if name in HOST_CASES}
     for i, name in enumerate(CASES):  # vLLM's kernel cannot run in the interpreter: hold ours to a naive version
         if name in failed:
             upstream[name] = globs["naive_" + name.removeprefix("case_")](_gen(i))
@@ -428,6 +436,9 @@ def main() -> int:
 
     report = {name.removeprefix("case_"): {k: _compare(v, ours[name][k]) for k, v in outs.items()}
               for name, outs in upstream.items()}
+    report.update({name.removeprefix("case_") + "@torch": {k: _compare(v, ours_torch[name][k])
+                                                         for k, v in upstream[name].items()}
+                   for name in ours_torch})
     report["gumbel_logits_cache_contract"] = {"logits_cache": check_gumbel_logits_cache(_gen(999))}
     from ascend_platform.simulated import triton_interpreter
 

@@ -41,6 +41,22 @@ def test_every_stand_in_matches_vllms_kernel(parity):
     assert parity["report"]["gumbel_sample_fp64"]["sampled"] == "equal"
 
 
+HOST_PATHS = ("prepare_pos_seq_lens", "combine_sampled_and_draft_tokens", "get_num_sampled_and_rejected", "post_update",
+              "gumbel_sample")
+
+
+def test_host_paths_and_torch_formulations_are_both_held_to_vllms_kernels(parity):
+    """The per-step stand-ins' host (numpy) paths ran on the driver's CPU tensors, and each case ran again with them
+    off (the torch formulation the emulated NPU's tensors take): both equal vLLM's kernel (the mismatch test above
+    covers every report entry)."""
+    for name in HOST_PATHS:
+        assert parity["usage"].get(f"mrv2_kernels.host.{name}", 0) > 0, name
+    torch_cases = {case for case in parity["report"] if case.endswith("@torch")}
+    assert {"prepare_pos_seq_lens@torch", "combine_tokens_with_drafts@torch", "num_sampled_and_rejected@torch",
+            "post_update@torch", "post_update_no_counts_no_qsl@torch", "gumbel_sample@torch",
+            "gumbel_sample_fp64@torch"} <= torch_cases, torch_cases
+
+
 # vLLM kernels Triton 3.9's interpreter cannot run (compared against a naive formulation instead): MRV2 would stop
 # at the first top-k/top-p or structured-output request without the stand-ins.
 INTERPRETER_FAILURES = {

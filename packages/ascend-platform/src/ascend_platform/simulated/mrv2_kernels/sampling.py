@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 
 from ascend_platform.facade import kernel_ops
+from ascend_platform.simulated.mrv2_kernels import host_batch
 from ascend_platform.simulated.mrv2_kernels.common import flat, rows_of, unpack_bits
 
 _DRAFT_NOISE_SALT = 1 << 30  # vLLM's offset keeping a draft's noise apart from the target's
@@ -23,18 +24,29 @@ def gumbel_sample(local_argmax_ptr, local_argmax_stride, local_max_ptr, local_ma
                   PER_TOKEN_COL=False, **_launch):
     """`_gumbel_sample_kernel`: the whole row's winner goes to block column 0 (the launcher's per-block reduction
     then picks it); the draft-logits cache is filled first when given."""
-    reqs = expanded_idx_mapping_ptr.long()
-    valid = reqs >= 0
-    safe = reqs.clamp(min=0)
+    salt = _DRAFT_NOISE_SALT if IS_DRAFTING else 0
+    host = host_batch.on_host("gumbel_sample", expanded_idx_mapping_ptr, temp_ptr, seeds_ptr, pos_ptr, local_argmax_ptr,
+                              local_max_ptr)
+    if logits_cache_ptr is not None or not host:
+        reqs = expanded_idx_mapping_ptr.long()
+        valid = reqs >= 0
+        safe = reqs.clamp(min=0)
     if logits_cache_ptr is not None:
         rows = valid.nonzero().view(-1)
         col = logits_cache_col_ptr[rows].long() if PER_TOKEN_COL else logits_cache_col_ptr.long().view(-1)[0]
         logits_cache_ptr[safe[rows], col, :vocab_size] = logits_cache_source_ptr[rows, :vocab_size]
-    temperature = torch.where(valid, flat(temp_ptr)[safe].float(), torch.zeros((), dtype=torch.float32))
-    seeds = torch.where(valid, flat(seeds_ptr)[safe].long(), torch.zeros((), dtype=torch.long))
-    positions = pos_ptr.long() + (_DRAFT_NOISE_SALT if IS_DRAFTING else 0)
+    if host:
+        temperature, seeds, positions = host_batch.gumbel_rows(expanded_idx_mapping_ptr, temp_ptr, seeds_ptr, pos_ptr,
+                                                               salt)
+    else:
+        temperature = torch.where(valid, flat(temp_ptr)[safe].float(), torch.zeros((), dtype=torch.float32))
+        seeds = torch.where(valid, flat(seeds_ptr)[safe].long(), torch.zeros((), dtype=torch.long))
+        positions = pos_ptr.long() + salt
     sampled = kernel_ops().gumbel_sample(logits_ptr[:, :vocab_size], temperature, seeds, positions,
                                          apply_temperature=bool(APPLY_TEMPERATURE), fp64=bool(USE_FP64))
+    if host:
+        host_batch.write_gumbel_winners(local_argmax_ptr, local_max_ptr, sampled)
+        return
     local_argmax_ptr[:, 0] = sampled
     local_max_ptr[:, 0] = 0.0
     local_max_ptr[:, 1:] = float("-inf")
