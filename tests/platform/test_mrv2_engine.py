@@ -52,7 +52,7 @@ def test_mrv2_ran_our_allocator_backend_kernels_and_stand_ins(platform_runs):
                # the per-step ones on their host (numpy) paths: the simulated lane's tensors are CPU tensors
                "mrv2_kernels.host.prepare_pos_seq_lens", "mrv2_kernels.host.combine_sampled_and_draft_tokens",
                "mrv2_kernels.host.get_num_sampled_and_rejected", "mrv2_kernels.host.post_update",
-               "mrv2_kernels.host.gumbel_sample"):
+               "mrv2_kernels.host.gumbel_sample", "mrv2_kernels.host.gather_block_tables"):
         assert ran.get(op, 0) > 0, (op, ran)
 
 

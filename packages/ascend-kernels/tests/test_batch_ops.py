@@ -7,6 +7,7 @@ import torch
 
 from ascend_kernels import ops
 from ascend_kernels.reference import gumbel as ref_gumbel
+from ascend_kernels.reference import native_batch_prep
 
 M32 = 0xFFFFFFFF
 ALPHA = 1e-3  # chi-square tests reject a correct sampler with probability 0.1 % (fixed seeds make them repeatable)
@@ -35,7 +36,7 @@ QUERY_LENS = pytest.mark.parametrize("query_lens", [[3, 2, 5, 1], [1, 1, 1, 1], 
 @QUERY_LENS
 @pytest.mark.parametrize("table_dtype", [torch.int32, torch.int64])
 @pytest.mark.parametrize("block_size", [16, 32])
-def test_slot_mapping_matches_a_per_token_loop(table_dtype, block_size, query_lens):
+def test_slot_mapping_matches_a_per_token_loop(table_dtype, block_size, query_lens, formulation):
     gen = torch.Generator().manual_seed(block_size)
     block_table = torch.randint(0, 50, (6, 8), generator=gen, dtype=table_dtype)
     req_indices = torch.tensor([4, -1, 0, 2])  # a dummy request (-1) in the middle
@@ -47,9 +48,20 @@ def test_slot_mapping_matches_a_per_token_loop(table_dtype, block_size, query_le
     positions = torch.tensor([block_size - 2, block_size - 1, block_size, 0, 7, 0, 1, 2 * block_size - 1,
                               2 * block_size, 5, 100])[:total]  # both sides of block edges
     out = torch.full((16,), 777, dtype=torch.int64)
+    before = native_batch_prep.calls()["compute_slot_mapping"]
     result = ops.compute_slot_mapping(block_table, req_indices, qsl, positions, block_size, out=out)
     assert result is out
+    assert native_batch_prep.calls()["compute_slot_mapping"] - before == int(formulation == "native")
     assert torch.equal(out, _naive_slots(block_table, req_indices, qsl, positions, block_size, 16))
+
+
+def test_slot_mapping_past_the_table_is_named_and_writes_nothing(formulation):
+    out = torch.full((4,), 7, dtype=torch.int64)
+    with pytest.raises(IndexError, match="positions\\[1\\] = 40" if formulation == "native" else ""):
+        ops.compute_slot_mapping(torch.zeros(2, 2, dtype=torch.int32), torch.tensor([0, 1]),
+                                 torch.tensor([0, 1, 2], dtype=torch.int32), torch.tensor([3, 40]), 16, out=out)
+    if formulation == "native":
+        assert out.tolist() == [7, 7, 7, 7]
 
 
 def test_slot_mapping_of_an_empty_batch_pads_everything():

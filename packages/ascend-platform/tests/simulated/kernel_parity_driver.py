@@ -432,6 +432,9 @@ def main() -> int:
             upstream[name] = globs["naive_" + name.removeprefix("case_")](_gen(i))
     ours.update({name: _block_tables(_gen(100 + i), sizes, True)
                  for i, (name, sizes) in enumerate(BLOCK_TABLE_CASES.items())})
+    with host_batch.disabled():
+        ours_torch.update({name: _block_tables(_gen(100 + i), sizes, True)
+                           for i, (name, sizes) in enumerate(BLOCK_TABLE_CASES.items())})
     from ascend_platform import usage
 
     report = {name.removeprefix("case_"): {k: _compare(v, ours[name][k]) for k, v in outs.items()}

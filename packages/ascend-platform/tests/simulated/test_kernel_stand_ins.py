@@ -42,7 +42,7 @@ def test_every_stand_in_matches_vllms_kernel(parity):
 
 
 HOST_PATHS = ("prepare_pos_seq_lens", "combine_sampled_and_draft_tokens", "get_num_sampled_and_rejected", "post_update",
-              "gumbel_sample")
+              "gumbel_sample", "gather_block_tables")
 
 
 def test_host_paths_and_torch_formulations_are_both_held_to_vllms_kernels(parity):
@@ -52,9 +52,10 @@ def test_host_paths_and_torch_formulations_are_both_held_to_vllms_kernels(parity
     for name in HOST_PATHS:
         assert parity["usage"].get(f"mrv2_kernels.host.{name}", 0) > 0, name
     torch_cases = {case for case in parity["report"] if case.endswith("@torch")}
-    assert {"prepare_pos_seq_lens@torch", "combine_tokens_with_drafts@torch", "num_sampled_and_rejected@torch",
-            "post_update@torch", "post_update_no_counts_no_qsl@torch", "gumbel_sample@torch",
-            "gumbel_sample_fp64@torch"} <= torch_cases, torch_cases
+    expected = {"prepare_pos_seq_lens@torch", "combine_tokens_with_drafts@torch", "num_sampled_and_rejected@torch",
+                "post_update@torch", "post_update_no_counts_no_qsl@torch", "gumbel_sample@torch",
+                "gumbel_sample_fp64@torch", "block_tables_one_group@torch", "block_tables_two_groups@torch"}
+    assert expected <= torch_cases, torch_cases
 
 
 # vLLM kernels Triton 3.9's interpreter cannot run (compared against a naive formulation instead): MRV2 would stop

@@ -11,10 +11,14 @@ import itertools
 
 import torch
 
+from ascend_kernels.reference import native_batch_prep
+
 PAD_SLOT = -1
 
 
 def compute_slot_mapping(block_table, req_indices, query_start_loc, positions, block_size, *, out):
+    if native_batch_prep.compute_slot_mapping(block_table, req_indices, query_start_loc, positions, block_size, out):
+        return out
     num_reqs = req_indices.shape[0]
     starts = query_start_loc[: num_reqs + 1].tolist() if num_reqs else [0]
     num_tokens = starts[-1]

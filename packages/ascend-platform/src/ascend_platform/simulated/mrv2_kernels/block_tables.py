@@ -15,6 +15,7 @@ from vllm.v1.worker.gpu.block_table import BlockTables
 
 from ascend_platform import usage
 from ascend_platform.facade import kernel_ops
+from ascend_platform.simulated.mrv2_kernels import host_batch
 
 PAD_SLOT = -1
 
@@ -37,6 +38,10 @@ class SimulatedBlockTables(BlockTables):
         num_reqs = idx_mapping.shape[0]
         reqs = idx_mapping.long()
         usage.count("mrv2_kernels.gather_block_tables")
+        sources = [src.gpu for src in self.block_tables]
+        if host_batch.on_host("gather_block_tables", idx_mapping, self.num_blocks.gpu, *sources, *dst_tables):
+            host_batch.gather_block_tables(sources, self.num_blocks.gpu, idx_mapping, dst_tables, num_reqs_padded)
+            return tuple(t[:num_reqs_padded] for t in dst_tables)
         for group, (src, dst) in enumerate(zip(self.block_tables, dst_tables, strict=True)):
             if num_reqs:
                 rows = src.gpu[reqs]

@@ -1,9 +1,10 @@
-"""The per-step batch stand-ins (`batch.py`, and `sampling.gumbel_sample`'s bookkeeping) on host memory through
-numpy views, taken when every tensor of a launch is a CPU tensor (the simulated lane on the CPU).
+"""The per-step batch stand-ins (`batch.py`, `sampling.gumbel_sample`'s bookkeeping and the simulated block tables'
+gather) on host memory through numpy views, taken when every tensor of a launch is a CPU tensor (the simulated lane
+on the CPU).
 
-Each step launches five of these on a handful of requests, where the work is a few dozen integers and the cost is
+Each step launches six of these on a handful of requests, where the work is a few dozen integers and the cost is
 the op count: the torch formulation is 10-25 eager ops a launch at ~3-5 us each (measured in an MRV2 engine of the
-tiny Llama, 4 decodes: 300 us a step over the five, about a fifth of the step), numpy's are ~0.5-1 us. The torch
+tiny Llama, 4 decodes: 300 us a step over five of them, about a fifth of the step), numpy's are ~0.5-1 us. The torch
 formulation stays for every other device (the emulated NPU's tensors) and is held to vLLM's kernels as these are
 (`tests/simulated/kernel_parity_driver.py` runs both). `numpy()` views share the tensors' memory: writes land in them.
 """
@@ -169,3 +170,17 @@ def write_gumbel_winners(local_argmax_ptr, local_max_ptr, sampled: torch.Tensor)
     best = local_max_ptr.numpy()
     best[:, 0] = 0.0
     best[:, 1:] = -np.inf
+
+
+def gather_block_tables(sources, num_blocks, idx_mapping, destinations, num_reqs_padded: int) -> None:
+    """Each KV cache group's block table rows of the batch's requests into its input table, entries past a
+    request's block count left as they were, rows up to num_reqs_padded zeroed."""
+    reqs = idx_mapping.numpy().astype(np.int64)
+    counts = num_blocks.numpy()
+    for group, (src, dst) in enumerate(zip(sources, destinations, strict=True)):
+        out = dst.numpy()
+        if reqs.shape[0]:
+            rows = src.numpy()[reqs]
+            filled = np.arange(rows.shape[1]) < counts[group, reqs][:, None]
+            out[: reqs.shape[0]] = np.where(filled, rows, out[: reqs.shape[0]])
+        out[reqs.shape[0] : num_reqs_padded] = 0
