@@ -64,6 +64,14 @@ def test_slot_mapping_past_the_table_is_named_and_writes_nothing(formulation):
         assert out.tolist() == [7, 7, 7, 7]
 
 
+def test_slot_mapping_refuses_query_offsets_that_go_backwards(native_loops):
+    out = torch.full((4,), 7, dtype=torch.int64)
+    with pytest.raises(ValueError, match=r"query_start_loc\[:3\] = \[0, 3, 2\] is not non-decreasing"):
+        ops.compute_slot_mapping(torch.zeros(2, 2, dtype=torch.int32), torch.tensor([0, 1]),
+                                 torch.tensor([0, 3, 2], dtype=torch.int32), torch.tensor([3, 4, 5]), 16, out=out)
+    assert out.tolist() == [7, 7, 7, 7]
+
+
 def test_slot_mapping_of_an_empty_batch_pads_everything():
     out = torch.zeros(4, dtype=torch.int64)
     ops.compute_slot_mapping(torch.zeros(2, 2, dtype=torch.int32), torch.zeros(0, dtype=torch.int64),

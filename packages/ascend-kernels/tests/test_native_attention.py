@@ -91,3 +91,15 @@ def test_int64_tables_and_lengths_and_ids_past_the_cache(strided_caches):
         m.setattr(native_build, "_STATE", {})
         expected = ops.paged_attention(query, k, v, table, qsl, lens, scale=0.2)
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_a_seq_lens_tensor_disagreeing_with_the_host_lengths_is_refused():
+    """The loop reads the lengths tensor but sized its scratch from the host list: a longer tensor entry is refused
+    by name, never read past the scratch or the table."""
+    cache = torch.randn(4, 16, 2, 32)
+    query, out = torch.randn(1, 2, 32), torch.zeros(1, 2, 32)
+    table = torch.tensor([[0, 1]], dtype=torch.int32)
+    with pytest.raises(ValueError, match=r"seq_lens\[0\] = 30 disagrees with the host lengths \(10\)"):
+        native_attention.paged_decode(query, cache, cache, table, torch.tensor([30]), [0, 1], [10], 0.1, None, None,
+                                      out)
+    assert not out.any()

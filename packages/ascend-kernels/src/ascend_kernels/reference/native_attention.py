@@ -64,12 +64,15 @@ def paged_decode(query, key_cache, value_cache, block_table, seq_lens, starts: l
         key_cache.data_ptr(), key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
         value_cache.data_ptr(), value_cache.stride(0), value_cache.stride(1), value_cache.stride(2),
         DTYPE_CODES[query.dtype], block_table.data_ptr(), int(block_table.dtype == torch.int64), block_table.stride(0),
-        num_blocks, seq_lens.data_ptr(), int(seq_lens.dtype == torch.int64), requests, query.shape[1], hkv, d,
-        value_cache.shape[3], bs, float(scale), window, None if sink_logits is None else sink_logits.data_ptr(),
-        out.data_ptr(), out.stride(0), out.stride(1), min(max_len, window) if window else max_len,
+        block_table.shape[1], num_blocks, seq_lens.data_ptr(), int(seq_lens.dtype == torch.int64), requests,
+        query.shape[1], hkv, d, value_cache.shape[3], bs, float(scale), window,
+        None if sink_logits is None else sink_logits.data_ptr(), out.data_ptr(), out.stride(0), out.stride(1), min(max_len, window) if window else max_len,
         torch.get_num_threads(),
     )
-    if rc != 0:
+    if rc > 0:
+        raise ValueError(f"paged_attention: seq_lens[{rc - 1}] = {int(seq_lens[rc - 1])} disagrees with the host "
+                         f"lengths ({lens[rc - 1]}) or the block table's {block_table.shape[1]} blocks")
+    if rc < 0:
         raise MemoryError(f"paged_attention: the native loop could not allocate its scratch for {max_len} keys")
     _CALLS["paged_attention"] += 1
     return True

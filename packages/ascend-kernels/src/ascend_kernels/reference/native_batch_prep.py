@@ -37,6 +37,10 @@ def compute_slot_mapping(block_table, req_indices, query_start_loc, positions, b
         int(query_start_loc.dtype == torch.int64), num_reqs, positions.data_ptr(), int(positions.dtype == torch.int64),
         block_size, out.data_ptr(), out.shape[0],
     )
+    if rc < 0:
+        raise ValueError(f"compute_slot_mapping: query_start_loc[:{num_reqs + 1}] = "
+                         f"{query_start_loc[: num_reqs + 1].tolist()} is not non-decreasing within out's "
+                         f"{out.shape[0]} tokens")
     if rc > 0:
         raise IndexError(f"compute_slot_mapping: positions[{rc - 1}] = {int(positions[rc - 1])} reaches past the "
                          f"block table's {block_table.shape[1]} blocks of {block_size}")

@@ -51,12 +51,20 @@ static inline int64_t ak_block(const void *table, int is_i64, int64_t at, int64_
  * request r's blocks (table row r; ids clamped into [0, num_blocks) as the torch formulation clamps them).
  * Strides in elements: q (token, head), caches (block, slot, head), out (token, head); the last dims contiguous.
  * q, caches and out share dtype dt; sinks NULL or hq float32 logits; window 0 means none; lens int32 or int64, table
- * int32 or int64 (row stride t_rs). max_len bounds every request's visible keys. */
+ * int32 or int64 (row stride t_rs, t_cols blocks a row). max_len bounds every request's visible keys. Returns 0,
+ * -1 when scratch could not be allocated, or 1 + the first request whose length is below 1, past max_len visible
+ * keys or past its table row (then nothing is written). */
 int ak_paged_decode(const void *q, int64_t q_ts, int64_t q_hs, const void *kc, int64_t k_bs, int64_t k_ss,
                     int64_t k_hs, const void *vc, int64_t v_bs, int64_t v_ss, int64_t v_hs, int dt, const void *table,
-                    int table_i64, int64_t t_rs, int64_t num_blocks, const void *lens, int lens_i64, int64_t reqs,
-                    int64_t hq, int64_t hkv, int64_t d, int64_t dv, int64_t block_size, float scale, int64_t window,
+                    int table_i64, int64_t t_rs, int64_t t_cols, int64_t num_blocks, const void *lens, int lens_i64,
+                    int64_t reqs, int64_t hq, int64_t hkv, int64_t d, int64_t dv, int64_t block_size, float scale, int64_t window,
                     const float *sinks, void *out, int64_t o_ts, int64_t o_hs, int64_t max_len, int threads) {
+    /* The lengths are read here, the scratch was sized from the caller's host copy: a disagreement is refused. */
+    for (int64_t r = 0; r < reqs; r++) {
+        const int64_t len = ak_index(lens, lens_i64, r);
+        const int64_t visible = window > 0 && len > window ? window : len;
+        if (len < 1 || visible > max_len || len > t_cols * block_size) return 1 + r;
+    }
     const int64_t g = hq / hkv;
     const size_t esize = ak_size(dt);
     /* A work item is one request's run of KV heads, walked slot by slot: the device layout keeps a slot's heads

@@ -8,12 +8,18 @@ static inline int64_t ak_int(const void *p, int is_i64, int64_t i) {
 }
 
 /* out[t] = table[req, pos / bs] * bs + pos % bs for token t of request r (tokens [qsl[r], qsl[r + 1])), req =
- * reqs[r]; -1 for a request index below 0 and for out[qsl[num_reqs]:n_out]. Returns 0, or 1 + the index of the
- * first token whose block column is past the table (or negative), with nothing written. */
+ * reqs[r]; -1 for a request index below 0 and for out[qsl[num_reqs]:n_out]. Returns 0, -1 when qsl is not
+ * non-decreasing from 0 up to at most n_out, or 1 + the index of the first token whose block column is past the table
+ * (or negative); nothing is written unless it returns 0. */
 int64_t ak_slot_mapping(const void *table, int table_i64, int64_t t_rs, int64_t t_cols, const void *reqs,
                         int reqs_i64, const void *qsl, int qsl_i64, int64_t num_reqs, const void *positions,
                         int pos_i64, int64_t block_size, int64_t *out, int64_t n_out) {
     const int64_t tokens = num_reqs ? ak_int(qsl, qsl_i64, num_reqs) : 0;
+    if (tokens > n_out) return -1;
+    for (int64_t r = 0; r < num_reqs; r++) {
+        const int64_t a = ak_int(qsl, qsl_i64, r), b = ak_int(qsl, qsl_i64, r + 1);
+        if (a < 0 || b < a || b > tokens) return -1;
+    }
     for (int64_t r = 0; r < num_reqs; r++) {
         if (ak_int(reqs, reqs_i64, r) < 0) continue;
         for (int64_t t = ak_int(qsl, qsl_i64, r); t < ak_int(qsl, qsl_i64, r + 1); t++) {
