@@ -66,7 +66,8 @@ def paged_decode(query, key_cache, value_cache, block_table, seq_lens, starts: l
         DTYPE_CODES[query.dtype], block_table.data_ptr(), int(block_table.dtype == torch.int64), block_table.stride(0),
         block_table.shape[1], num_blocks, seq_lens.data_ptr(), int(seq_lens.dtype == torch.int64), requests,
         query.shape[1], hkv, d, value_cache.shape[3], bs, float(scale), window,
-        None if sink_logits is None else sink_logits.data_ptr(), out.data_ptr(), out.stride(0), out.stride(1), min(max_len, window) if window else max_len,
+        None if sink_logits is None else sink_logits.data_ptr(), out.data_ptr(), out.stride(0), out.stride(1),
+        min(max_len, window) if window else max_len,
         torch.get_num_threads(),
     )
     if rc > 0:
