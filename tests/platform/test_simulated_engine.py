@@ -27,10 +27,13 @@ def test_v1_greedy_matches_vllm_cpu(platform_runs, logprobs_close):
 
 
 def test_pages_read_in_place_match_vllm_cpu(host_pool, tiny_model, prompts, platform_runs, logprobs_close):
-    """The reference reads float32 pages in place (`reference.paged_blocks`) from ~512 KiB of K and V per request,
-    the long contexts of real models; this tiny model's never get there, so this engine sets the threshold to 0."""
+    """The reference's torch formulation reads float32 pages in place (`reference.paged_blocks`) from ~512 KiB of K
+    and V per request, the long contexts of real models; this tiny model's never get there, so this engine sets the
+    threshold to 0, and switches the native loops off (they would take every decode: this engine is the in-place
+    path's, which a device's fallbacks run)."""
     cpu = platform_runs["cpu"]
-    host = host_pool.get("sim-v1-in-place", lane="simulated", runner="v1", env={"ASCEND_KERNELS_GATHER_BYTES": "0"})
+    host = host_pool.get("sim-v1-in-place", lane="simulated", runner="v1",
+                         env={"ASCEND_KERNELS_GATHER_BYTES": "0", "ASCEND_VLLM_NATIVE_KERNELS": "0"})
     try:
         host.start(tiny_model, **IN_PLACE_ENGINE)
         ours = host.generate(prompts, max_tokens=len(cpu["outputs"][0]["token_ids"]), logprobs=5)["outputs"]

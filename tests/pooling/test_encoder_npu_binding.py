@@ -17,7 +17,8 @@ from ascend_testkit.models.word_tokenizer import prompt_of_length
 
 pytestmark = [pytest.mark.engine]
 
-FAKE_ENV = {"ASCEND_TESTKIT_TORCH_NPU": "1"}  # as tests/npu_kernels/conftest.py, whose host this is
+# as tests/npu_kernels/conftest.py, whose host this is (the reference's native loops off: what a device runs)
+FAKE_ENV = {"ASCEND_TESTKIT_TORCH_NPU": "1", "ASCEND_VLLM_NATIVE_KERNELS": "0"}
 PLUGIN = "ascend_testkit.torch_npu_plugin:install_if_requested"
 PROBES = "ascend_testkit.torch_npu_probes:"
 ENGINE = {"dtype": "bfloat16", "max_model_len": 256, "enforce_eager": True, "max_num_seqs": 4, "block_size": 128}

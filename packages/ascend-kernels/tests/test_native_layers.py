@@ -176,3 +176,28 @@ def test_without_the_loops_the_status_says_why_and_ops_still_run(tmp_path, env, 
     got = json.loads(done.stdout.strip().splitlines()[-1])
     assert got["available"] is False and reason in got["reason"] and got["ok"], got
     assert "torch formulation used" in done.stderr or env.get(native_build.ENV_SWITCH) == "0", done.stderr
+
+
+def test_a_torch_compile_trace_runs_the_torch_formulation(monkeypatch):
+    """vLLM's compiled graphs trace the reference (the device lane's fallbacks, a compiled simulated engine): the
+    trace sees the torch formulation whole, never the library's lock or a data pointer (fullgraph: a graph break
+    fails), and the compiled result equals the loops'. The library is not loaded yet when the trace starts, as in
+    an engine whose first layer call is traced."""
+    x, weight, residual = torch.randn(4, 64), torch.randn(64), torch.randn(4, 64)
+    positions, cache = torch.tensor([0, 3, 7, 1]), _cache(16, 32, torch.float32)
+    qkv = torch.randn(4, 3 * 32)
+
+    def layer(x, weight, residual, qkv):
+        out, h = ops.rms_norm(x, weight, 1e-6, residual)
+        q, k = qkv[:, :32], qkv[:, 32:64]
+        ops.rotary_embedding(positions, q, k, cache, head_size=32, rotary_dim=32, is_neox=True)
+        return out, h, ops.silu_and_mul(torch.cat([out, h], -1)), q * 1, k * 1
+
+    monkeypatch.setattr(native_build, "_STATE", {})
+    before = native_layers.calls()
+    compiled = torch.compile(layer, backend="eager", fullgraph=True)(x, weight, residual, qkv.clone())
+    assert native_layers.calls() == before  # nothing of the trace ran the loops
+    eager = layer(x, weight, residual, qkv.clone())
+    assert native_layers.calls() != before
+    for a, b in zip(compiled, eager, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)

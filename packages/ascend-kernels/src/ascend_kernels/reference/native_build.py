@@ -25,6 +25,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
+
 logger = logging.getLogger(__name__)
 
 NATIVE_DIR = Path(__file__).with_name("native")
@@ -150,7 +152,11 @@ def _load() -> tuple[ctypes.CDLL | None, NativeStatus]:
 
 
 def library() -> ctypes.CDLL | None:
-    """The loaded library, or None (see `status()`); built or loaded on the first call of this process."""
+    """The loaded library, or None (see `status()`); built or loaded on the first call of this process. None while
+    torch.compile traces the caller: the loops take data pointers, which a trace's fake tensors do not have (and the
+    trace must not reach this module's lock)."""
+    if torch.compiler.is_compiling():
+        return None
     lib = _STATE.get("lib", False)
     if lib is not False:
         return lib  # type: ignore[return-value]
