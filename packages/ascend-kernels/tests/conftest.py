@@ -157,44 +157,36 @@ def vllm_triton():
     return _VLLM_TRITON
 
 
+def _use_native(monkeypatch, on: bool) -> None:
+    """Load the reference's native loops anew with their switch on or off; the loaded state comes back after the
+    test. On, they must load: a host without a C compiler fails here, naming it (scripts/test-all installs gcc)."""
+    from ascend_kernels.reference import native_build
+
+    if on:
+        monkeypatch.delenv(native_build.ENV_SWITCH, raising=False)
+    else:
+        monkeypatch.setenv(native_build.ENV_SWITCH, "0")
+    monkeypatch.setattr(native_build, "_STATE", {})
+    if on and not native_build.status().available:
+        pytest.fail(f"the reference's native loops did not load: {native_build.status().reason} "
+                    "(install a C compiler, e.g. apt-get install gcc)")
+
+
 @pytest.fixture
 def torch_formulation(monkeypatch) -> None:
     """The reference's torch formulation alone (its native loops switched off): for tests of that formulation's own
     paths (gathers, chunks, step plans), which the loops would otherwise take the calls from."""
-    from ascend_kernels.reference import native_build
-
-    monkeypatch.setenv(native_build.ENV_SWITCH, "0")
-    monkeypatch.setattr(native_build, "_STATE", {})  # loaded anew (switched off); the loaded state comes back after
+    _use_native(monkeypatch, False)
 
 
 @pytest.fixture(params=["native", "torch"])
 def formulation(request, monkeypatch) -> str:
-    """Each per-token layer op test runs twice: on the reference's native loops (built here; CI has a C compiler, a
-    host without one skips this half) and on its torch formulation (the loops switched off)."""
-    import shutil
-
-    from ascend_kernels.reference import native_build
-
-    if request.param == "torch":
-        monkeypatch.setenv(native_build.ENV_SWITCH, "0")
-    elif shutil.which("cc") is None and shutil.which("gcc") is None:
-        pytest.skip("no C compiler: the native loops cannot be built on this host")
-    monkeypatch.setattr(native_build, "_STATE", {})  # loaded anew under this switch; the loaded state comes back after
-    if request.param == "native":
-        assert native_build.status().available, native_build.status().reason
+    """Each per-token layer op test runs twice: on the reference's native loops and on its torch formulation."""
+    _use_native(monkeypatch, request.param == "native")
     return request.param
 
 
 @pytest.fixture
 def native_loops(monkeypatch) -> None:
-    """The reference's native loops loaded anew (the switch cleared) for a test of the loops themselves; a host
-    without a C compiler skips it."""
-    import shutil
-
-    from ascend_kernels.reference import native_build
-
-    if shutil.which("cc") is None and shutil.which("gcc") is None:
-        pytest.skip("no C compiler: the native loops cannot be built on this host")
-    monkeypatch.delenv(native_build.ENV_SWITCH, raising=False)
-    monkeypatch.setattr(native_build, "_STATE", {})
-    assert native_build.status().available, native_build.status().reason
+    """The reference's native loops loaded anew (the switch cleared) for a test of the loops themselves."""
+    _use_native(monkeypatch, True)

@@ -6,14 +6,14 @@ import pytest
 import torch
 
 from ascend_kernels import ops
-from ascend_kernels.reference import native_layers
+from ascend_kernels.reference import native_build
 
 
 def _write(formulation, *args):
     """ops.reshape_and_cache, asserting the native loop took the call exactly when it runs and has tokens."""
-    before = native_layers.calls()["reshape_and_cache"]
+    before = native_build.calls()["reshape_and_cache"]
     ops.reshape_and_cache(*args)
-    took = native_layers.calls()["reshape_and_cache"] - before
+    took = native_build.calls()["reshape_and_cache"] - before
     assert took == int(formulation == "native" and args[0].shape[0] > 0)
 
 

@@ -8,12 +8,12 @@ import pytest
 import torch
 
 from ascend_kernels import ops
-from ascend_kernels.reference import native_layers
+from ascend_kernels.reference import native_build
 
 
 def _took(op: str, before: dict[str, int]) -> bool:
-    """Whether the native loops took a call of op since `before` (`native_layers.calls()`)."""
-    return native_layers.calls()[op] > before[op]
+    """Whether the native loops took a call of op since `before` (`native_build.calls()`)."""
+    return native_build.calls()[op] > before[op]
 
 DTYPES = pytest.mark.parametrize(
     ("dtype", "tol"), [(torch.float32, dict(rtol=1e-5, atol=1e-5)), (torch.bfloat16, dict(rtol=2e-2, atol=2e-2))]
@@ -51,7 +51,7 @@ def test_rotary_embedding(dtype, tol, is_neox, rotary_dim, formulation):
     expected_q = _naive_rope(query, positions, head_size, rotary_dim, is_neox)
     expected_k = _naive_rope(key, positions, head_size, rotary_dim, is_neox)
     untouched = qkv[:, 6 * head_size :].clone()
-    before = native_layers.calls()
+    before = native_build.calls()
     q_out, k_out = ops.rotary_embedding(
         positions,
         query,
@@ -140,7 +140,7 @@ def test_rms_norm(dtype, tol, with_residual, tokens, formulation):
     h = x.double() + (residual.double() if with_residual else 0)
     expected = torch.stack([row / math.sqrt((row * row).mean().item() + 1e-6) for row in h]) if tokens else h
     expected = expected * weight.double()
-    before = native_layers.calls()
+    before = native_build.calls()
     result = ops.rms_norm(x, weight, 1e-6, residual)
     assert _took("rms_norm", before) == (formulation == "native" and tokens > 0)
     if with_residual:
@@ -156,7 +156,7 @@ def test_silu_and_mul(dtype, tol, shape, formulation):
     x = (torch.randn(shape) * 8).to(dtype)  # far into both tails of the sigmoid
     d = shape[-1] // 2
     gate, up = x[..., :d].double(), x[..., d:].double()
-    before = native_layers.calls()
+    before = native_build.calls()
     out = ops.silu_and_mul(x)
     assert _took("silu_and_mul", before) == (formulation == "native")
     assert out.dtype == dtype and out.shape == (*shape[:-1], d)

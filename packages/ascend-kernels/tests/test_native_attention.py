@@ -16,9 +16,9 @@ pytestmark = pytest.mark.usefixtures("native_loops")
 def _native(strided_caches, *, took=True, **case):
     """One case through ops.paged_attention (checked against the naive formulation); asserts whether the native
     loop took it."""
-    before = native_attention.calls()["paged_attention"]
+    before = native_build.calls()["paged_attention"]
     _run(strided_caches, **case)
-    assert native_attention.calls()["paged_attention"] == before + int(took), case
+    assert native_build.calls()["paged_attention"] == before + int(took), case
 
 
 @DTYPES

@@ -52,7 +52,7 @@ def test_rotary_loops_equal_the_torch_formulation(monkeypatch, head_size, rot, h
     else:
         key = qkv[:, hq * head_size : (hq + hk) * head_size]
     query = qkv[:, : hq * head_size]
-    before = native_layers.calls()
+    before = native_build.calls()
 
     def run(q, k):
         ops.rotary_embedding(positions, q, k, cache, head_size=head_size, rotary_dim=rot, is_neox=is_neox)
@@ -62,7 +62,7 @@ def test_rotary_loops_equal_the_torch_formulation(monkeypatch, head_size, rot, h
     untouched = qkv[:, (hq + hk) * head_size :].clone()
     key_pad = keys[..., head_size:].clone() if padded_key else None
     run(query, key)
-    assert native_layers.calls()["rotary_embedding"] == before["rotary_embedding"] + 1
+    assert native_build.calls()["rotary_embedding"] == before["rotary_embedding"] + 1
     # float32 arithmetic both ways; a fused multiply-add may round the last bit differently
     tol = dict(rtol=0, atol=0) if dtype == torch.bfloat16 else dict(rtol=1e-6, atol=1e-6)
     if dtype == torch.float16:
@@ -83,9 +83,9 @@ def test_rms_norm_loops_equal_the_torch_formulation(monkeypatch, dtype, shape, w
     weight = torch.randn(shape[-1], generator=gen).to(dtype)
     residual = torch.randn(shape, generator=gen).to(dtype) if with_residual else None
     expected = _torch_formulation(monkeypatch, lambda: ops.rms_norm(x, weight, 1e-5, residual))
-    before = native_layers.calls()
+    before = native_build.calls()
     got = ops.rms_norm(x, weight, 1e-5, residual)
-    assert native_layers.calls()["rms_norm"] == before["rms_norm"] + 1
+    assert native_build.calls()["rms_norm"] == before["rms_norm"] + 1
     # the torch formulation sums squares in another order; one rounding of the reduced dtype may differ
     tol = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=1e-2, atol=1e-2)
     for a, b in zip(got if with_residual else (got,), expected if with_residual else (expected,), strict=True):
@@ -97,9 +97,9 @@ def test_rms_norm_strided_rows_and_a_float32_weight():
     """Rows of a wider buffer (a row stride past the width) and a float32 weight beside bfloat16 activations."""
     wide = torch.randn(6, 200).to(torch.bfloat16)
     x, weight = wide[:, :128], torch.randn(128)
-    before = native_layers.calls()
+    before = native_build.calls()
     got = ops.rms_norm(x, weight, 1e-6)
-    assert native_layers.calls()["rms_norm"] == before["rms_norm"] + 1
+    assert native_build.calls()["rms_norm"] == before["rms_norm"] + 1
     h = x.double()
     expected = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6) * weight.double()
     torch.testing.assert_close(got.double(), expected, rtol=2e-2, atol=2e-2)
@@ -117,7 +117,7 @@ def test_rotary_position_out_of_range_names_it_and_writes_nothing():
 def test_calls_the_loops_do_not_take_run_the_torch_formulation():
     """float64, autograd recording, a non-contiguous batch, a residual of another dtype, 2-d positions: the torch
     formulation runs (counted nowhere) and still gives the right answer."""
-    before = native_layers.calls()
+    before = native_build.calls()
     x64, w64 = torch.randn(4, 32, dtype=torch.float64), torch.randn(32, dtype=torch.float64)
     out = ops.rms_norm(x64, w64, 1e-6)
     assert out.dtype == torch.float64
@@ -134,7 +134,7 @@ def test_calls_the_loops_do_not_take_run_the_torch_formulation():
                                   torch.randn(2, 32).to(torch.bfloat16)) is None
     assert not native_layers.rotary_embedding(torch.zeros(3, 2, dtype=torch.long), torch.randn(2, 64), None,
                                               _cache(8, 64, torch.float32), 64, 64, True)
-    assert native_layers.calls() == before
+    assert native_build.calls() == before
 
 
 def _load_in_subprocess(env: dict[str, str]) -> dict:
@@ -194,10 +194,10 @@ def test_a_torch_compile_trace_runs_the_torch_formulation(monkeypatch):
         return out, h, ops.silu_and_mul(torch.cat([out, h], -1)), q * 1, k * 1
 
     monkeypatch.setattr(native_build, "_STATE", {})
-    before = native_layers.calls()
+    before = native_build.calls()
     compiled = torch.compile(layer, backend="eager", fullgraph=True)(x, weight, residual, qkv.clone())
-    assert native_layers.calls() == before  # nothing of the trace ran the loops
+    assert native_build.calls() == before  # nothing of the trace ran the loops
     eager = layer(x, weight, residual, qkv.clone())
-    assert native_layers.calls() != before
+    assert native_build.calls() != before
     for a, b in zip(compiled, eager, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)

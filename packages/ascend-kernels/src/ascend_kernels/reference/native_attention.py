@@ -12,26 +12,7 @@ from __future__ import annotations
 import torch
 
 from ascend_kernels.reference import native_build
-from ascend_kernels.reference.native_layers import DTYPE_CODES, host_tensors
-
-_INDEX = (torch.int32, torch.int64)
-_CALLS = {"paged_attention": 0}
-_RANGE: list[int] = []
-
-
-def calls() -> dict[str, int]:
-    return dict(_CALLS)
-
-
-def _one_token_each(starts: list[int], requests: int) -> bool:
-    global _RANGE
-    if len(_RANGE) <= requests:
-        _RANGE = list(range(max(2 * requests + 2, 64)))
-    return len(starts) == requests + 1 and starts == _RANGE[: requests + 1]
-
-
-def _host_index(t: torch.Tensor) -> bool:
-    return type(t) is torch.Tensor and t.device.type == "cpu" and t.dtype in _INDEX
+from ascend_kernels.reference.native_layers import DTYPE_CODES, host_index, host_tensors
 
 
 def paged_decode(query, key_cache, value_cache, block_table, seq_lens, starts: list[int], lens: list[int], scale,
@@ -39,15 +20,15 @@ def paged_decode(query, key_cache, value_cache, block_table, seq_lens, starts: l
     """`attention.paged_attention` for a decode batch (`starts` and `lens` its host lists), written into out."""
     lib = native_build.library()
     requests = block_table.shape[0]
-    if lib is None or not lens or not _one_token_each(starts, requests) or min(lens) < 1:
+    if lib is None or not lens or starts != list(range(requests + 1)) or min(lens) < 1:
         return False
-    if not host_tensors(query, key_cache, value_cache, out) or not (_host_index(block_table) and _host_index(seq_lens)):
+    if not host_tensors(query, key_cache, value_cache, out) or not (host_index(block_table) and host_index(seq_lens)):
         return False
     if not (query.dtype == key_cache.dtype == value_cache.dtype == out.dtype):
         return False
     if query.stride(2) != 1 or key_cache.stride(3) != 1 or value_cache.stride(3) != 1 or out.stride(2) != 1:
         return False
-    if block_table.stride(1) != 1 or not seq_lens.is_contiguous() or seq_lens.shape[0] < requests:
+    if seq_lens.dim() != 1 or seq_lens.shape[0] < requests:
         return False
     num_blocks, bs, hkv, d = key_cache.shape
     max_len = max(lens)
@@ -75,5 +56,5 @@ def paged_decode(query, key_cache, value_cache, block_table, seq_lens, starts: l
                          f"lengths ({lens[rc - 1]}) or the block table's {block_table.shape[1]} blocks")
     if rc < 0:
         raise MemoryError(f"paged_attention: the native loop could not allocate its scratch for {max_len} keys")
-    _CALLS["paged_attention"] += 1
+    native_build.record("paged_attention")
     return True

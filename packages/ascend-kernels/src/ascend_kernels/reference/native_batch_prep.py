@@ -7,17 +7,7 @@ from __future__ import annotations
 import torch
 
 from ascend_kernels.reference import native_build
-
-_INDEX = (torch.int32, torch.int64)
-_CALLS = {"compute_slot_mapping": 0}
-
-
-def calls() -> dict[str, int]:
-    return dict(_CALLS)
-
-
-def _host_index(t: torch.Tensor) -> bool:
-    return type(t) is torch.Tensor and t.device.type == "cpu" and t.dtype in _INDEX and t.stride(-1) == 1
+from ascend_kernels.reference.native_layers import host_index
 
 
 def compute_slot_mapping(block_table, req_indices, query_start_loc, positions, block_size, out) -> bool:
@@ -25,7 +15,7 @@ def compute_slot_mapping(block_table, req_indices, query_start_loc, positions, b
     lib = native_build.library()
     if lib is None or torch.compiler.is_compiling():
         return False
-    if not all(_host_index(t) for t in (block_table, req_indices, query_start_loc, positions, out)):
+    if not all(host_index(t) for t in (block_table, req_indices, query_start_loc, positions, out)):
         return False
     num_reqs = req_indices.shape[0]
     tokens = int(query_start_loc[num_reqs]) if num_reqs else 0
@@ -44,5 +34,5 @@ def compute_slot_mapping(block_table, req_indices, query_start_loc, positions, b
     if rc > 0:
         raise IndexError(f"compute_slot_mapping: positions[{rc - 1}] = {int(positions[rc - 1])} reaches past the "
                          f"block table's {block_table.shape[1]} blocks of {block_size}")
-    _CALLS["compute_slot_mapping"] += 1
+    native_build.record("compute_slot_mapping")
     return True

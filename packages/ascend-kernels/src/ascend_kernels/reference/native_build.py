@@ -36,6 +36,9 @@ HEADERS = (NATIVE_DIR / "common.h", NATIVE_DIR / "layers_typed.h", NATIVE_DIR / 
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-std=gnu11", "-shared", "-fPIC")
 COMPILE_TIMEOUT_S = 180.0
 ENV_SWITCH = "ASCEND_VLLM_NATIVE_KERNELS"
+# The facade ops the loops take calls of.
+CALLED_OPS = ("rms_norm", "rotary_embedding", "silu_and_mul", "reshape_and_cache", "paged_attention",
+              "compute_slot_mapping")
 
 _c_i64, _c_int, _c_float, _ptr = ctypes.c_int64, ctypes.c_int, ctypes.c_float, ctypes.c_void_p
 # Each exported function's C signature (layers.c), so ctypes converts arguments instead of guessing.
@@ -67,6 +70,8 @@ class NativeStatus:
 
 _LOCK = threading.Lock()
 _STATE: dict[str, object] = {}
+# Calls the loops took, per facade op, for this process's usage report (the torch formulation's are the rest).
+_CALLS: dict[str, int] = {}
 
 
 def cache_dir() -> Path:
@@ -169,6 +174,16 @@ def library() -> ctypes.CDLL | None:
 def status() -> NativeStatus:
     library()
     return _STATE["status"]  # type: ignore[return-value]
+
+
+def record(op: str) -> None:
+    """Count one call of `op` a loop took."""
+    _CALLS[op] = _CALLS.get(op, 0) + 1
+
+
+def calls() -> dict[str, int]:
+    """Calls the loops took per op (ops that never took one are 0)."""
+    return {op: _CALLS.get(op, 0) for op in CALLED_OPS}
 
 
 def loaded_status() -> NativeStatus | None:

@@ -16,12 +16,7 @@ from ascend_kernels.reference import native_build
 
 DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
-# Calls the loops took, per op, for this process's usage report (the torch formulation's are the rest).
-_CALLS = {"rms_norm": 0, "rotary_embedding": 0, "silu_and_mul": 0, "reshape_and_cache": 0}
-
-
-def calls() -> dict[str, int]:
-    return dict(_CALLS)
+_INDEX = (torch.int32, torch.int64)
 
 
 def host_tensors(*tensors: torch.Tensor | None) -> bool:
@@ -38,6 +33,11 @@ def host_tensors(*tensors: torch.Tensor | None) -> bool:
     return True
 
 
+def host_index(t: torch.Tensor) -> bool:
+    """An int32 / int64 host tensor whose last dimension is contiguous (block tables, lengths, offsets, slots)."""
+    return type(t) is torch.Tensor and t.device.type == "cpu" and t.dtype in _INDEX and t.stride(-1) == 1
+
+
 def _done(op: str, rc: int, out_of_range: Callable[[int], str]) -> None:
     """Count a loop's call, or raise what its return code says: 1 + the index of the first out-of-range entry
     (nothing was written), or -1 when a scratch buffer could not be allocated."""
@@ -45,7 +45,7 @@ def _done(op: str, rc: int, out_of_range: Callable[[int], str]) -> None:
         raise IndexError(f"{op}: {out_of_range(rc - 1)}")
     if rc < 0:
         raise MemoryError(f"{op}: the native loop could not allocate its scratch buffers")
-    _CALLS[op] += 1
+    native_build.record(op)
 
 
 def _rows(t: torch.Tensor, n: int) -> tuple[int, int] | None:
@@ -93,7 +93,7 @@ def rms_norm(x, weight, eps, residual=None):
     )
     if rc != 0:
         raise MemoryError(f"rms_norm: the native loop could not allocate its {n}-element row buffers")
-    _CALLS["rms_norm"] += 1
+    native_build.record("rms_norm")
     return out if residual is None else (out, h)
 
 
@@ -137,7 +137,7 @@ def silu_and_mul(x):
     out = torch.empty((*x.shape[:-1], d), dtype=x.dtype)
     lib.ak_silu_and_mul(x.data_ptr(), rows[1], DTYPE_CODES[x.dtype], out.data_ptr(), d, rows[0], d,
                         torch.get_num_threads())
-    _CALLS["silu_and_mul"] += 1
+    native_build.record("silu_and_mul")
     return out
 
 
@@ -151,9 +151,7 @@ def reshape_and_cache(key, value, key_cache, value_cache, slot_mapping) -> bool:
     lib = native_build.library()
     if lib is None or key.shape[0] == 0 or not host_tensors(key, value, key_cache, value_cache):
         return False
-    if type(slot_mapping) is not torch.Tensor or slot_mapping.device.type != "cpu" or slot_mapping.dim() != 1:
-        return False
-    if slot_mapping.dtype not in (torch.int32, torch.int64) or not slot_mapping.is_contiguous():
+    if slot_mapping.dim() != 1 or not host_index(slot_mapping):
         return False
     if key.dtype != value.dtype or key_cache.dtype != value_cache.dtype:
         return False

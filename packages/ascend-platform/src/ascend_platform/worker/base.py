@@ -125,15 +125,14 @@ class AscendWorkerMixin:
         kernel backend, the torch_npu ops it called and the facade ops that fell back to the reference (and why); the
         reference's layer ops that ran on its native loops."""
         from ascend_kernels import npu_usage
-        from ascend_kernels.reference import native_attention, native_batch_prep, native_build, native_layers
+        from ascend_kernels.reference import native_build
 
         report = usage.snapshot()
         report.update(npu_usage.snapshot())
         native = native_build.loaded_status()  # None: no reference layer op ran here, nothing was built
         report["reference_native"] = {"available": native is not None and native.available,
                                       "reason": None if native is None else native.reason,
-                                      "calls": {**native_layers.calls(), **native_attention.calls(),
-                                                **native_batch_prep.calls()}}
+                                      "calls": native_build.calls()}
         report["sleep"] = self.sleep_controller.state()
         layers = self.model_runner.compilation_config.static_forward_context.values()
         attn = {type(getattr(layer, "impl", None)).__qualname__ for layer in layers}

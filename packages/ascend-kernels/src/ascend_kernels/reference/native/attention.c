@@ -47,6 +47,20 @@ static inline int64_t ak_block(const void *table, int is_i64, int64_t at, int64_
     return blk < 0 ? 0 : (blk >= num_blocks ? num_blocks - 1 : blk);
 }
 
+/* The block id and the slot in it of each of request r's keys [start, len): one table read per block, no division
+ * per key; both the score and the value pass walk these. */
+static void ak_key_slots(const void *table, int table_i64, int64_t row, int64_t num_blocks, int64_t block_size,
+                         int64_t start, int64_t len, int64_t *blk_of, int64_t *slot_of) {
+    for (int64_t pos = start, j = 0; pos < len;) {
+        const int64_t blk = ak_block(table, table_i64, row + pos / block_size, num_blocks);
+        const int64_t edge = (pos / block_size + 1) * block_size, end = edge < len ? edge : len;
+        for (int64_t slot = pos % block_size; pos < end; pos++, slot++, j++) {
+            blk_of[j] = blk;
+            slot_of[j] = slot;
+        }
+    }
+}
+
 /* out[r, h] = softmax(scale q[r, h] . K[r, kv(h)]^T (+ sink[h])) V[r, kv(h)] over keys [max(0, len - window), len) of
  * request r's blocks (table row r; ids clamped into [0, num_blocks) as the torch formulation clamps them).
  * Strides in elements: q (token, head), caches (block, slot, head), out (token, head); the last dims contiguous.
@@ -79,14 +93,16 @@ int ak_paged_decode(const void *q, int64_t q_ts, int64_t q_hs, const void *kc, i
 #pragma omp parallel num_threads(threads) if (threads > 1 && reqs * parts > 1 && reqs * hq * max_len * d >= 65536)
     {
         float *scratch = (float *)malloc(sizeof(float) * (size_t)(gq * d + gq * max_len + gq * dv + gq));
-        if (scratch == NULL) {
+        int64_t *blk_of = (int64_t *)malloc(sizeof(int64_t) * (size_t)(2 * max_len));
+        int64_t *slot_of = blk_of == NULL ? NULL : blk_of + max_len;
+        if (scratch == NULL || blk_of == NULL) {
 #pragma omp atomic write
             failed = 1;
         }
         float *qf = scratch, *s = qf + gq * d, *acc = s + gq * max_len, *total = acc + gq * dv;
 #pragma omp for schedule(dynamic, 1)
         for (int64_t item = 0; item < reqs * parts; item++) {
-            if (scratch == NULL) continue;
+            if (scratch == NULL || blk_of == NULL) continue;
             const int64_t r = item / parts, kh0 = (item % parts) * run;
             const int64_t kh1 = kh0 + run < hkv ? kh0 + run : hkv;
             const int64_t h0 = kh0 * g, nq = (kh1 - kh0) * g;
@@ -97,22 +113,17 @@ int ak_paged_decode(const void *q, int64_t q_ts, int64_t q_hs, const void *kc, i
                 ak_load((const char *)q + (size_t)(r * q_ts + (h0 + i) * q_hs) * esize, dt, qf + i * d, d);
                 for (int64_t c = 0; c < d; c++) qf[i * d + c] *= scale;
             }
-            /* scores, block by block: one table read per block, no division per key */
-            for (int64_t pos = start, j = 0; pos < len;) {
-                const int64_t blk = ak_block(table, table_i64, r * t_rs + pos / block_size, num_blocks);
-                const int64_t edge = (pos / block_size + 1) * block_size, end = edge < len ? edge : len;
-                const char *base = (const char *)kc + (size_t)(blk * k_bs) * esize;
-                for (int64_t slot = pos % block_size; pos < end; pos++, slot++, j++) {
-                    for (int64_t kh = kh0; kh < kh1; kh++) {
-                        const char *k = base + (size_t)(slot * k_ss + kh * k_hs) * esize;
-                        const int64_t i = (kh - kh0) * g;
-                        if (dt == AK_F32)
-                            ak_dots_f32(qf + i * d, g, (const float *)k, d, s + i * max_len + j, max_len);
-                        else if (dt == AK_BF16)
-                            ak_dots_bf16(qf + i * d, g, (const uint16_t *)k, d, s + i * max_len + j, max_len);
-                        else
-                            ak_dots_f16(qf + i * d, g, (const _Float16 *)k, d, s + i * max_len + j, max_len);
-                    }
+            ak_key_slots(table, table_i64, r * t_rs, num_blocks, block_size, start, len, blk_of, slot_of);
+            for (int64_t j = 0; j < n; j++) {
+                for (int64_t kh = kh0; kh < kh1; kh++) {
+                    const char *k = (const char *)kc + (size_t)(blk_of[j] * k_bs + slot_of[j] * k_ss + kh * k_hs) * esize;
+                    const int64_t i = (kh - kh0) * g;
+                    if (dt == AK_F32)
+                        ak_dots_f32(qf + i * d, g, (const float *)k, d, s + i * max_len + j, max_len);
+                    else if (dt == AK_BF16)
+                        ak_dots_bf16(qf + i * d, g, (const uint16_t *)k, d, s + i * max_len + j, max_len);
+                    else
+                        ak_dots_f16(qf + i * d, g, (const _Float16 *)k, d, s + i * max_len + j, max_len);
                 }
             }
             for (int64_t i = 0; i < nq; i++) {
@@ -129,21 +140,16 @@ int ak_paged_decode(const void *q, int64_t q_ts, int64_t q_hs, const void *kc, i
                 total[i] = sum;
             }
             memset(acc, 0, sizeof(float) * (size_t)(nq * dv));
-            for (int64_t pos = start, j = 0; pos < len;) {
-                const int64_t blk = ak_block(table, table_i64, r * t_rs + pos / block_size, num_blocks);
-                const int64_t edge = (pos / block_size + 1) * block_size, end = edge < len ? edge : len;
-                const char *base = (const char *)vc + (size_t)(blk * v_bs) * esize;
-                for (int64_t slot = pos % block_size; pos < end; pos++, slot++, j++) {
-                    for (int64_t kh = kh0; kh < kh1; kh++) {
-                        const char *v = base + (size_t)(slot * v_ss + kh * v_hs) * esize;
-                        const int64_t i = (kh - kh0) * g;
-                        if (dt == AK_F32)
-                            ak_axpys_f32(s + i * max_len + j, max_len, g, (const float *)v, dv, acc + i * dv);
-                        else if (dt == AK_BF16)
-                            ak_axpys_bf16(s + i * max_len + j, max_len, g, (const uint16_t *)v, dv, acc + i * dv);
-                        else
-                            ak_axpys_f16(s + i * max_len + j, max_len, g, (const _Float16 *)v, dv, acc + i * dv);
-                    }
+            for (int64_t j = 0; j < n; j++) {
+                for (int64_t kh = kh0; kh < kh1; kh++) {
+                    const char *v = (const char *)vc + (size_t)(blk_of[j] * v_bs + slot_of[j] * v_ss + kh * v_hs) * esize;
+                    const int64_t i = (kh - kh0) * g;
+                    if (dt == AK_F32)
+                        ak_axpys_f32(s + i * max_len + j, max_len, g, (const float *)v, dv, acc + i * dv);
+                    else if (dt == AK_BF16)
+                        ak_axpys_bf16(s + i * max_len + j, max_len, g, (const uint16_t *)v, dv, acc + i * dv);
+                    else
+                        ak_axpys_f16(s + i * max_len + j, max_len, g, (const _Float16 *)v, dv, acc + i * dv);
                 }
             }
             for (int64_t i = 0; i < nq; i++) {
@@ -154,6 +160,7 @@ int ak_paged_decode(const void *q, int64_t q_ts, int64_t q_hs, const void *kc, i
             }
         }
         free(scratch);
+        free(blk_of);
     }
     return failed ? -1 : 0;
 }

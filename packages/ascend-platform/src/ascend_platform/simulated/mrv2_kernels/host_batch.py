@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from ascend_platform import usage
+from ascend_platform.simulated.mrv2_kernels.common import flat
 
 _ENABLED = [True]
 
@@ -41,11 +42,8 @@ def on_host(stand_in: str, *tensors: torch.Tensor | None) -> bool:
 
 
 def _v(t: torch.Tensor) -> np.ndarray:
-    """A dense tensor as the kernel addresses its pointer: a flat numpy view of its elements."""
-    if not t.is_contiguous():
-        raise ValueError(f"kernel stand-in got a non-contiguous tensor {tuple(t.shape)}/{t.stride()} where the "
-                         "Triton kernel assumes a dense pointer")
-    return t.numpy().reshape(-1)
+    """A dense tensor as the kernel addresses its pointer: a flat numpy view of its elements (`common.flat`'s)."""
+    return flat(t).numpy()
 
 
 def _segments(counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
