@@ -29,10 +29,12 @@ def pages_in_place(monkeypatch):
 def test_small_contexts_are_gathered(strided_caches, monkeypatch, gather_below):
     """A float32 batch of short contexts is one gathered chunk (not a part per request read in place); past the
     threshold (0 here) the same batch is read in place. Both equal the naive formulation."""
-    from ascend_kernels.reference import attention
+    from ascend_kernels.reference import attention, native_build
 
     if gather_below is None:
-        monkeypatch.undo()  # the module's threshold
+        monkeypatch.undo()  # the module's threshold; the undo also switched the native loops back on: off again
+        monkeypatch.setenv(native_build.ENV_SWITCH, "0")
+        monkeypatch.setattr(native_build, "_STATE", {})
     else:
         monkeypatch.setattr(attention, "GATHER_SMALL_BYTES", gather_below)
     gathered, in_place = [], []

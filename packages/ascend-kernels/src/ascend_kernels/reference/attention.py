@@ -445,6 +445,9 @@ def paged_attention(
     if native_attention.paged_decode(query, key_cache, value_cache, block_table, seq_lens, starts, lens, scale,
                                      sliding_window, sinks, out):
         return out
+    if native_attention.paged_tiled(query, key_cache, value_cache, block_table, starts, lens, scale, causal,
+                                    sliding_window, sinks, out):
+        return out
     plan = paged_small_decode.step_plan(query, key_cache, value_cache, block_table, seq_lens, starts, lens,
                                         sliding_window, lambda: _small_decode(query, key_cache, value_cache, starts,
                                                                               lens, sinks))

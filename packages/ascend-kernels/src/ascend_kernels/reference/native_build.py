@@ -30,7 +30,8 @@ import torch
 logger = logging.getLogger(__name__)
 
 NATIVE_DIR = Path(__file__).with_name("native")
-SOURCES = (NATIVE_DIR / "layers.c", NATIVE_DIR / "attention.c", NATIVE_DIR / "batch_prep.c")  # one library
+SOURCES = (NATIVE_DIR / "layers.c", NATIVE_DIR / "attention.c", NATIVE_DIR / "attention_tiled.c",
+           NATIVE_DIR / "batch_prep.c")  # one library
 # included by them: part of what names a build
 HEADERS = (NATIVE_DIR / "common.h", NATIVE_DIR / "layers_typed.h", NATIVE_DIR / "attention_typed.h")
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-std=gnu11", "-shared", "-fPIC")
@@ -49,6 +50,9 @@ SIGNATURES: dict[str, tuple[type, list[type]]] = {
                                  _c_int, _ptr, _c_int, _c_i64, _c_i64, _c_i64, _ptr, _c_int, _c_i64, _c_i64, _c_i64,
                                  _c_i64, _c_i64, _c_i64, _c_float, _c_i64, _ptr, _ptr, _c_i64, _c_i64, _c_i64,
                                  _c_int]),
+    "ak_paged_tiled": (_c_i64, [_ptr, _c_i64, _c_i64, _ptr, _c_i64, _c_i64, _c_i64, _ptr, _c_i64, _c_i64, _c_i64,
+                                _c_int, _ptr, _c_int, _c_i64, _c_i64, _c_i64, _ptr, _ptr, _c_i64, _c_i64, _c_i64,
+                                _c_i64, _c_i64, _c_i64, _c_float, _c_int, _c_i64, _ptr, _ptr, _c_i64, _c_i64, _c_int]),
     "ak_silu_and_mul": (_c_int, [_ptr, _c_i64, _c_int, _ptr, _c_i64, _c_i64, _c_i64, _c_int]),
     "ak_cache_write": (_c_i64, [_ptr, _c_int, _c_i64, _ptr, _c_i64, _c_i64, _ptr, _c_i64, _c_i64, _c_int, _ptr, _c_i64,
                                 _c_i64, _c_i64, _ptr, _c_i64, _c_i64, _c_i64, _c_int, _c_i64, _c_i64, _c_i64, _c_i64,

@@ -28,14 +28,14 @@ def host_tensors(*tensors: torch.Tensor | None) -> bool:
     for t in tensors:
         if t is None:
             continue
-        if type(t) not in _PLAIN or t.device.type != "cpu" or t.dtype not in DTYPE_CODES or (grad and t.requires_grad):
+        if type(t) not in _PLAIN or not t.is_cpu or t.dtype not in DTYPE_CODES or (grad and t.requires_grad):
             return False
     return True
 
 
 def host_index(t: torch.Tensor) -> bool:
     """An int32 / int64 host tensor whose last dimension is contiguous (block tables, lengths, offsets, slots)."""
-    return type(t) is torch.Tensor and t.device.type == "cpu" and t.dtype in _INDEX and t.stride(-1) == 1
+    return type(t) is torch.Tensor and t.is_cpu and t.dtype in _INDEX and t.stride(-1) == 1
 
 
 def _done(op: str, rc: int, out_of_range: Callable[[int], str]) -> None:
@@ -69,6 +69,12 @@ def _heads(x: torch.Tensor, head_size: int) -> tuple[int, int, int] | None:
     return None
 
 
+def _empty_rows(x: torch.Tensor) -> torch.Tensor:
+    """A new contiguous tensor of x's shape and dtype (`empty_like` is the cheaper call; it keeps a strided x's
+    strides, so only a contiguous x takes it)."""
+    return torch.empty_like(x) if x.is_contiguous() else torch.empty(x.shape, dtype=x.dtype)
+
+
 def rms_norm(x, weight, eps, residual=None):
     """`reference.layers.rms_norm`'s result from one loop, or None when the loops do not take the call."""
     lib = native_build.library()
@@ -83,8 +89,8 @@ def rms_norm(x, weight, eps, residual=None):
         res_rows = _rows(residual, n)  # the loops take one dtype for x and the residual (vLLM's layers pass one)
         if res_rows is None or res_rows[0] != x_rows[0] or residual.dtype != x.dtype:
             return None
-    out = torch.empty(x.shape, dtype=x.dtype)
-    h = None if residual is None else torch.empty(x.shape, dtype=x.dtype)
+    out = _empty_rows(x)
+    h = None if residual is None else _empty_rows(x)
     rc = lib.ak_rms_norm(
         x.data_ptr(), x_rows[1], DTYPE_CODES[x.dtype],
         None if residual is None else residual.data_ptr(), 0 if res_rows is None else res_rows[1],
@@ -100,7 +106,7 @@ def rms_norm(x, weight, eps, residual=None):
 def rotary_embedding(positions, query, key, cos_sin_cache, head_size, rotary_dim, is_neox) -> bool:
     """Rotate query and key in place by one loop; False (nothing written) when the loops do not take the call."""
     lib = native_build.library()
-    if lib is None or positions.dim() != 1 or positions.device.type != "cpu" or type(positions) not in _PLAIN:
+    if lib is None or positions.dim() != 1 or not positions.is_cpu or type(positions) not in _PLAIN:
         return False
     if not host_tensors(query, key, cos_sin_cache) or cos_sin_cache.dim() != 2 or cos_sin_cache.stride(1) != 1:
         return False

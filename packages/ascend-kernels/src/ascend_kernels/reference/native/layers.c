@@ -56,35 +56,27 @@ static inline const char *ak_row(const void *base, int dt, int64_t row, int64_t 
 int ak_rms_norm(const void *x, int64_t x_rs, int x_dt, const void *res, int64_t res_rs, const void *w,
                 int w_dt, void *out, int64_t out_rs, void *h_out, int64_t h_rs, int64_t rows, int64_t n, float eps,
                 int threads) {
-    float *wf = (float *)malloc((size_t)n * 4);
-    if (wf == NULL) return -1;
-    ak_load(w, w_dt, wf, n);
-    int failed = 0;
-#pragma omp parallel num_threads(threads) if (threads > 1 && rows > 1 && rows * n >= AK_PARALLEL_MIN_ELEMS)
-    {
-        float *h = (float *)malloc((size_t)n * 4);
-        if (h == NULL) {
-#pragma omp atomic write
-            failed = 1;
-        }
-#pragma omp for schedule(static)
-        for (int64_t r = 0; r < rows; r++) {
-            if (h == NULL) continue;
-            const void *xr = ak_row(x, x_dt, r, x_rs);
-            const void *rr = res == NULL ? NULL : ak_row(res, x_dt, r, res_rs);
-            void *o = (void *)ak_row(out, x_dt, r, out_rs);
-            void *ho = h_out == NULL ? NULL : (void *)ak_row(h_out, x_dt, r, h_rs);
-            if (x_dt == AK_F32)
-                ak_rms_row_f32(xr, rr, wf, o, ho, h, n, eps);
-            else if (x_dt == AK_BF16)
-                ak_rms_row_bf16(xr, rr, wf, o, ho, h, n, eps);
-            else
-                ak_rms_row_f16(xr, rr, wf, o, ho, h, n, eps);
-        }
-        free(h);
+    float *wf = w_dt == AK_F32 ? NULL : (float *)malloc((size_t)n * 4);
+    if (w_dt != AK_F32) {
+        if (wf == NULL) return -1;
+        ak_load(w, w_dt, wf, n);
+    }
+    const float *wr = wf == NULL ? (const float *)w : wf;
+#pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1 && rows > 1 && rows * n >= AK_PARALLEL_MIN_ELEMS)
+    for (int64_t r = 0; r < rows; r++) {
+        const void *xr = ak_row(x, x_dt, r, x_rs);
+        const void *rr = res == NULL ? NULL : ak_row(res, x_dt, r, res_rs);
+        void *o = (void *)ak_row(out, x_dt, r, out_rs);
+        void *ho = h_out == NULL ? NULL : (void *)ak_row(h_out, x_dt, r, h_rs);
+        if (x_dt == AK_F32)
+            ak_rms_row_f32(xr, rr, wr, o, ho, n, eps);
+        else if (x_dt == AK_BF16)
+            ak_rms_row_bf16(xr, rr, wr, o, ho, n, eps);
+        else
+            ak_rms_row_f16(xr, rr, wr, o, ho, n, eps);
     }
     free(wf);
-    return failed ? -1 : 0;
+    return 0;
 }
 
 /* Rotate in place every head of q and k (k NULL: none) at each token by the angle its position selects from cache
@@ -102,18 +94,23 @@ int64_t ak_rotary(const int64_t *pos, int64_t tokens, const void *cache, int c_d
     int failed = 0;
 #pragma omp parallel num_threads(threads) if (threads > 1 && tokens > 1 && tokens * heads * rot >= AK_PARALLEL_MIN_ELEMS)
     {
-        float *cs = (float *)malloc((size_t)half * 4 * 2);
-        if (cs == NULL) {
+        /* a float32 cache is read in place; another dtype's row is converted into this scratch */
+        float *buf = c_dt == AK_F32 ? NULL : (float *)malloc((size_t)half * 4 * 2);
+        if (c_dt != AK_F32 && buf == NULL) {
 #pragma omp atomic write
             failed = 1;
         }
-        float *sn = cs == NULL ? NULL : cs + half;
 #pragma omp for schedule(static)
         for (int64_t t = 0; t < tokens; t++) {
-            if (cs == NULL) continue;
+            if (c_dt != AK_F32 && buf == NULL) continue;
             const char *row = ak_row(cache, c_dt, pos[t], c_rs);
-            ak_load(row, c_dt, cs, half);
-            ak_load(row + (size_t)half * ak_size(c_dt), c_dt, sn, half);
+            const float *cs = (const float *)row, *sn = (const float *)row + half;
+            if (buf != NULL) {
+                ak_load(row, c_dt, buf, half);
+                ak_load(row + (size_t)half * ak_size(c_dt), c_dt, buf + half, half);
+                cs = buf;
+                sn = buf + half;
+            }
             for (int64_t hd = 0; hd < heads; hd++) {
                 char *head = hd < q_heads ? (char *)q + (size_t)(t * q_ts + hd * q_hs) * esize
                                           : (char *)k + (size_t)(t * k_ts + (hd - q_heads) * k_hs) * esize;
@@ -125,7 +122,7 @@ int64_t ak_rotary(const int64_t *pos, int64_t tokens, const void *cache, int c_d
                     ak_rope_head_f16((_Float16 *)head, cs, sn, half, neox);
             }
         }
-        free(cs);
+        free(buf);
     }
     return failed ? -1 : 0;
 }

@@ -5,29 +5,31 @@
  *   AK_NAME(f)    f suffixed with the type's name.
  * One function per type keeps every loop free of dtype branches, so the compiler vectorizes each. */
 
-/* h = x (+ res, written to h_out), then out = h * rsqrt(mean(h^2) + eps) * w; h is the row's float32 scratch. */
-static void AK_NAME(ak_rms_row)(const AK_T *x, const AK_T *res, const float *wf, AK_T *out, AK_T *h_out, float *h,
-                                int64_t n, float eps) {
+/* h = x (+ res, written to h_out), then out = h * rsqrt(mean(h^2) + eps) * w. The second pass recomputes h from the
+ * inputs (the same float32 sum) rather than keeping it: no scratch row, and the inputs are still in cache. */
+static void AK_NAME(ak_rms_row)(const AK_T *x, const AK_T *res, const float *wf, AK_T *out, AK_T *h_out, int64_t n,
+                                float eps) {
     float ss = 0.0f;
     if (res != NULL) {
 #pragma omp simd reduction(+ : ss)
         for (int64_t i = 0; i < n; i++) {
             const float a = AK_GET(x[i]) + AK_GET(res[i]);
-            h[i] = a;
             h_out[i] = AK_PUT(a);
             ss += a * a;
         }
+        const float inv = 1.0f / sqrtf(ss / (float)n + eps);
+#pragma omp simd
+        for (int64_t i = 0; i < n; i++) out[i] = AK_PUT((AK_GET(x[i]) + AK_GET(res[i])) * inv * wf[i]);
     } else {
 #pragma omp simd reduction(+ : ss)
         for (int64_t i = 0; i < n; i++) {
             const float a = AK_GET(x[i]);
-            h[i] = a;
             ss += a * a;
         }
-    }
-    const float inv = 1.0f / sqrtf(ss / (float)n + eps);
+        const float inv = 1.0f / sqrtf(ss / (float)n + eps);
 #pragma omp simd
-    for (int64_t i = 0; i < n; i++) out[i] = AK_PUT(h[i] * inv * wf[i]);
+        for (int64_t i = 0; i < n; i++) out[i] = AK_PUT(AK_GET(x[i]) * inv * wf[i]);
+    }
 }
 
 /* One head's first 2 * half dims rotated in place: neox pairs (i, i + half), GPT-J (2i, 2i + 1). */
