@@ -98,7 +98,7 @@ def rms_norm(x, weight, eps, residual=None):
         None if h is None else h.data_ptr(), n, x_rows[0], n, float(eps), torch.get_num_threads(),
     )
     if rc != 0:
-        raise MemoryError(f"rms_norm: the native loop could not allocate its {n}-element row buffers")
+        raise MemoryError(f"rms_norm: the native loop could not allocate its {n}-element float32 weight")
     native_build.record("rms_norm")
     return out if residual is None else (out, h)
 

@@ -37,30 +37,6 @@
 #undef AK_T
 #undef AK_GET
 
-static inline int64_t ak_index(const void *p, int is_i64, int64_t i) {
-    return is_i64 ? ((const int64_t *)p)[i] : (int64_t)((const int32_t *)p)[i];
-}
-
-/* Block id `at` of the table, clamped into [0, num_blocks) as the torch formulation clamps it. */
-static inline int64_t ak_block(const void *table, int is_i64, int64_t at, int64_t num_blocks) {
-    const int64_t blk = ak_index(table, is_i64, at);
-    return blk < 0 ? 0 : (blk >= num_blocks ? num_blocks - 1 : blk);
-}
-
-/* The block id and the slot in it of each of request r's keys [start, len): one table read per block, no division
- * per key; both the score and the value pass walk these. */
-static void ak_key_slots(const void *table, int table_i64, int64_t row, int64_t num_blocks, int64_t block_size,
-                         int64_t start, int64_t len, int64_t *blk_of, int64_t *slot_of) {
-    for (int64_t pos = start, j = 0; pos < len;) {
-        const int64_t blk = ak_block(table, table_i64, row + pos / block_size, num_blocks);
-        const int64_t edge = (pos / block_size + 1) * block_size, end = edge < len ? edge : len;
-        for (int64_t slot = pos % block_size; pos < end; pos++, slot++, j++) {
-            blk_of[j] = blk;
-            slot_of[j] = slot;
-        }
-    }
-}
-
 /* out[r, h] = softmax(scale q[r, h] . K[r, kv(h)]^T (+ sink[h])) V[r, kv(h)] over keys [max(0, len - window), len) of
  * request r's blocks (table row r; ids clamped into [0, num_blocks) as the torch formulation clamps them).
  * Strides in elements: q (token, head), caches (block, slot, head), out (token, head); the last dims contiguous.

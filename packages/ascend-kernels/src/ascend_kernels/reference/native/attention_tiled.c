@@ -5,8 +5,9 @@
  * third of vLLM's CPU attention (512-token prefill, 2 threads), and small verify batches pay torch's per-op cost.
  *
  * The products are written with GCC's vector extensions (16 floats a vector) so that any target gets register tiles:
- * 4 query rows x 64 keys for the scores, 4 rows x 64 value dims for the weighted sum, both as broadcast
- * multiply-adds over contiguous tiles. Keys are transposed and values converted into float32 tiles once per key tile.
+ * 4 keys x 64 query rows for the scores (against the query tile transposed once per work item, so a key value is one
+ * broadcast), 4 rows x 64 value dims for the weighted sum. float32 keys and values are read in place; other dtypes
+ * are converted into float32 tiles once per key tile.
  *
  * Built with layers.c into one library (see ascend_kernels.reference.native_build); the caller checks dtypes and
  * layouts.
@@ -99,19 +100,6 @@ static void ak_weighted_tile(const float *pt, int64_t rp, int64_t rows, const fl
     }
 }
 
-static inline int64_t ak_at(const void *p, int is_i64, int64_t i) {
-    return is_i64 ? ((const int64_t *)p)[i] : (int64_t)((const int32_t *)p)[i];
-}
-
-/* The cache row of request `row`'s key position pos (block ids clamped into [0, num_blocks) as the torch
- * formulation clamps them), as an element offset before the head's. */
-static inline int64_t ak_slot_offset(const void *table, int table_i64, int64_t row, int64_t pos, int64_t block_size,
-                                     int64_t num_blocks, int64_t bs_stride, int64_t slot_stride) {
-    int64_t blk = ak_at(table, table_i64, row + pos / block_size);
-    blk = blk < 0 ? 0 : (blk >= num_blocks ? num_blocks - 1 : blk);
-    return blk * bs_stride + (pos % block_size) * slot_stride;
-}
-
 /* A score tile (keys x rows) turned into weights: keys a row does not see (key position kb + j outside [lo[r], hi[r]])
  * weigh 0, the rest exp(s - m) against each row's running maximum m, first raised to the tile's maximum (the running
  * sums l and the accumulator rows rescaled to it). Vectorized across rows; mx is a row of scratch. */
@@ -189,18 +177,18 @@ int64_t ak_paged_tiled(const void *q, int64_t q_ts, int64_t q_hs, const void *kc
 #pragma omp parallel num_threads(threads) if (threads > 1 && n_items * hkv > 1)
     {
         float *buf = (float *)aligned_alloc(64, (floats * sizeof(float) + 63) / 64 * 64);
-        const float **ptrs = (const float **)malloc(sizeof(float *) * 2 * AK_KB);
-        if (buf == NULL || ptrs == NULL) {
+        if (buf == NULL) {
 #pragma omp atomic write
             failed = 1;
         }
+        const float *kp[AK_KB], *vp[AK_KB]; /* the key tile's key and value rows as float32 */
+        int64_t blk_of[AK_KB], slot_of[AK_KB];
         float *qT = buf, *st = qT + d * rp, *acc = st + AK_KB * rp, *kt = acc + rp * dvp, *vt = kt + AK_KB * d;
         float *m = vt + AK_KB * dvp, *l = m + rp, *mx = l + rp;
         int64_t *lo = (int64_t *)(mx + rp), *hi = lo + rp;
-        const float **kp = ptrs, **vp = ptrs == NULL ? NULL : ptrs + AK_KB;
 #pragma omp for schedule(dynamic, 1)
         for (int64_t it = 0; it < n_items * hkv; it++) {
-            if (buf == NULL || ptrs == NULL) continue;
+            if (buf == NULL) continue;
             const int64_t r = items[2 * (it / hkv)], t0 = items[2 * (it / hkv) + 1] * tq, kh = it % hkv;
             const int64_t qlen = starts[r + 1] - starts[r], len = lens[r];
             const int64_t nt = qlen - t0 < tq ? qlen - t0 : tq, rows = nt * g, h0 = kh * g;
@@ -224,11 +212,10 @@ int64_t ak_paged_tiled(const void *q, int64_t q_ts, int64_t q_hs, const void *kc
             const int64_t k_lo = window > 0 && p0 - window + 1 > 0 ? p0 - window + 1 : 0;
             for (int64_t kb = k_lo; kb < k_hi; kb += AK_KB) {
                 const int64_t nk = k_hi - kb < AK_KB ? k_hi - kb : AK_KB;
+                ak_key_slots(table, table_i64, r * t_rs, num_blocks, block_size, kb, kb + nk, blk_of, slot_of);
                 for (int64_t j = 0; j < nk; j++) {
-                    const int64_t koff = ak_slot_offset(table, table_i64, r * t_rs, kb + j, block_size, num_blocks,
-                                                        k_bs, k_ss) + kh * k_hs;
-                    const int64_t voff = ak_slot_offset(table, table_i64, r * t_rs, kb + j, block_size, num_blocks,
-                                                        v_bs, v_ss) + kh * v_hs;
+                    const int64_t koff = blk_of[j] * k_bs + slot_of[j] * k_ss + kh * k_hs;
+                    const int64_t voff = blk_of[j] * v_bs + slot_of[j] * v_ss + kh * v_hs;
                     if (keys_in_place) {
                         kp[j] = (const float *)kc + koff;
                     } else {
@@ -257,7 +244,6 @@ int64_t ak_paged_tiled(const void *q, int64_t q_ts, int64_t q_hs, const void *kc
             }
         }
         free(buf);
-        free(ptrs);
     }
     free(items);
     return failed ? -1 : 0;

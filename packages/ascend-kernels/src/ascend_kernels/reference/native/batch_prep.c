@@ -3,9 +3,7 @@
  * is ~10 eager torch ops a step for a few dozen integers. Built with layers.c (see native_build). */
 #include <stdint.h>
 
-static inline int64_t ak_int(const void *p, int is_i64, int64_t i) {
-    return is_i64 ? ((const int64_t *)p)[i] : (int64_t)((const int32_t *)p)[i];
-}
+#include "common.h"
 
 /* out[t] = table[req, pos / bs] * bs + pos % bs for token t of request r (tokens [qsl[r], qsl[r + 1])), req =
  * reqs[r]; -1 for a request index below 0 and for out[qsl[num_reqs]:n_out]. Returns 0, -1 when qsl is not
@@ -14,25 +12,25 @@ static inline int64_t ak_int(const void *p, int is_i64, int64_t i) {
 int64_t ak_slot_mapping(const void *table, int table_i64, int64_t t_rs, int64_t t_cols, const void *reqs,
                         int reqs_i64, const void *qsl, int qsl_i64, int64_t num_reqs, const void *positions,
                         int pos_i64, int64_t block_size, int64_t *out, int64_t n_out) {
-    const int64_t tokens = num_reqs ? ak_int(qsl, qsl_i64, num_reqs) : 0;
+    const int64_t tokens = num_reqs ? ak_index(qsl, qsl_i64, num_reqs) : 0;
     if (tokens > n_out) return -1;
     for (int64_t r = 0; r < num_reqs; r++) {
-        const int64_t a = ak_int(qsl, qsl_i64, r), b = ak_int(qsl, qsl_i64, r + 1);
+        const int64_t a = ak_index(qsl, qsl_i64, r), b = ak_index(qsl, qsl_i64, r + 1);
         if (a < 0 || b < a || b > tokens) return -1;
     }
     for (int64_t r = 0; r < num_reqs; r++) {
-        if (ak_int(reqs, reqs_i64, r) < 0) continue;
-        for (int64_t t = ak_int(qsl, qsl_i64, r); t < ak_int(qsl, qsl_i64, r + 1); t++) {
-            const int64_t col = ak_int(positions, pos_i64, t) / block_size;
-            if (ak_int(positions, pos_i64, t) < 0 || col >= t_cols) return 1 + t;
+        if (ak_index(reqs, reqs_i64, r) < 0) continue;
+        for (int64_t t = ak_index(qsl, qsl_i64, r); t < ak_index(qsl, qsl_i64, r + 1); t++) {
+            const int64_t col = ak_index(positions, pos_i64, t) / block_size;
+            if (ak_index(positions, pos_i64, t) < 0 || col >= t_cols) return 1 + t;
         }
     }
     for (int64_t r = 0; r < num_reqs; r++) {
-        const int64_t req = ak_int(reqs, reqs_i64, r);
-        for (int64_t t = ak_int(qsl, qsl_i64, r); t < ak_int(qsl, qsl_i64, r + 1); t++) {
-            const int64_t pos = ak_int(positions, pos_i64, t);
+        const int64_t req = ak_index(reqs, reqs_i64, r);
+        for (int64_t t = ak_index(qsl, qsl_i64, r); t < ak_index(qsl, qsl_i64, r + 1); t++) {
+            const int64_t pos = ak_index(positions, pos_i64, t);
             out[t] = req < 0 ? -1
-                             : ak_int(table, table_i64, req * t_rs + pos / block_size) * block_size + pos % block_size;
+                             : ak_index(table, table_i64, req * t_rs + pos / block_size) * block_size + pos % block_size;
         }
     }
     for (int64_t t = tokens; t < n_out; t++) out[t] = -1;

@@ -1,8 +1,9 @@
 /* What the native loops share: the dtype codes the Python side passes, float32 <-> bfloat16 / float16 conversion
- * as torch rounds, and row loads and stores through those conversions. */
+ * as torch rounds, row loads and stores through those conversions, and block-table reads. */
 #ifndef AK_COMMON_H
 #define AK_COMMON_H
 
+#include <math.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -73,6 +74,31 @@ static inline float ak_exp_nonpositive(float x) {
     float scale;
     memcpy(&scale, &bits, 4);
     return p * scale;
+}
+
+/* Entry i of an int32 or int64 array (lengths, offsets, block tables). */
+static inline int64_t ak_index(const void *p, int is_i64, int64_t i) {
+    return is_i64 ? ((const int64_t *)p)[i] : (int64_t)((const int32_t *)p)[i];
+}
+
+/* Block id `at` of the table, clamped into [0, num_blocks) as the torch formulation clamps it. */
+static inline int64_t ak_block(const void *table, int is_i64, int64_t at, int64_t num_blocks) {
+    const int64_t blk = ak_index(table, is_i64, at);
+    return blk < 0 ? 0 : (blk >= num_blocks ? num_blocks - 1 : blk);
+}
+
+/* The block id and the slot in it of each of a request's keys [start, len) (its table row starting at `row`): one
+ * table read per block, no division per key; both the key and the value reads walk these. */
+static inline void ak_key_slots(const void *table, int table_i64, int64_t row, int64_t num_blocks,
+                                int64_t block_size, int64_t start, int64_t len, int64_t *blk_of, int64_t *slot_of) {
+    for (int64_t pos = start, j = 0; pos < len;) {
+        const int64_t blk = ak_block(table, table_i64, row + pos / block_size, num_blocks);
+        const int64_t edge = (pos / block_size + 1) * block_size, end = edge < len ? edge : len;
+        for (int64_t slot = pos % block_size; pos < end; pos++, slot++, j++) {
+            blk_of[j] = blk;
+            slot_of[j] = slot;
+        }
+    }
 }
 
 #endif
