@@ -184,13 +184,14 @@ def case_apply_write_1d(g):
     return _staged(g, MAX_REQS)
 
 
-def _gumbel(g, *, fp64=False, drafting=False, apply_temperature=True, cache=False):
+def _gumbel(g, *, fp64=False, drafting=False, apply_temperature=True, cache=False, padded=True):
     from vllm.v1.worker.gpu.sample.gumbel import gumbel_sample
 
     n = 7
     logits = torch.randn(n, VOCAB, generator=g) * 2
     idx = torch.randint(0, MAX_REQS, (n,), generator=g)
-    idx[3] = -1
+    if padded:
+        idx[3] = -1
     temperature = torch.rand(MAX_REQS, generator=g) + 0.3
     temperature[idx[0]] = 0.0
     seeds = torch.randint(-(2**62), 2**62, (MAX_REQS,), generator=g)
@@ -207,6 +208,10 @@ def _gumbel(g, *, fp64=False, drafting=False, apply_temperature=True, cache=Fals
 
 def case_gumbel_sample(g):
     return _gumbel(g)
+
+
+def case_gumbel_sample_no_padding_rows(g):
+    return _gumbel(g, padded=False)
 
 
 def case_gumbel_sample_fp64(g):

@@ -39,6 +39,7 @@ def test_every_stand_in_matches_vllms_kernel(parity):
     # Sampling with temperature is bit-exact: the same seeds and positions draw the same tokens as vLLM's kernel.
     assert parity["report"]["gumbel_sample"]["sampled"] == "equal"
     assert parity["report"]["gumbel_sample_fp64"]["sampled"] == "equal"
+    assert parity["report"]["gumbel_sample_no_padding_rows"]["sampled"] == "equal"
 
 
 HOST_PATHS = ("prepare_pos_seq_lens", "combine_sampled_and_draft_tokens", "get_num_sampled_and_rejected", "post_update",
@@ -46,9 +47,9 @@ HOST_PATHS = ("prepare_pos_seq_lens", "combine_sampled_and_draft_tokens", "get_n
 
 
 def test_host_paths_and_torch_formulations_are_both_held_to_vllms_kernels(parity):
-    """The per-step stand-ins' host (numpy) paths ran on the driver's CPU tensors, and each case ran again with them
-    off (the torch formulation the emulated NPU's tensors take): both equal vLLM's kernel (the mismatch test above
-    covers every report entry)."""
+    """The per-step stand-ins' host paths (native loops, numpy) ran on the driver's CPU tensors, and each case ran
+    again with them off (the torch formulation the emulated NPU's tensors take): both equal vLLM's kernel (the
+    mismatch test above covers every report entry)."""
     for name in HOST_PATHS:
         assert parity["usage"].get(f"mrv2_kernels.host.{name}", 0) > 0, name
     torch_cases = {case for case in parity["report"] if case.endswith("@torch")}

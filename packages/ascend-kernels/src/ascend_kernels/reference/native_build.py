@@ -31,7 +31,7 @@ logger = logging.getLogger(__name__)
 
 NATIVE_DIR = Path(__file__).with_name("native")
 SOURCES = (NATIVE_DIR / "layers.c", NATIVE_DIR / "attention.c", NATIVE_DIR / "attention_tiled.c",
-           NATIVE_DIR / "batch_prep.c")  # one library
+           NATIVE_DIR / "batch_prep.c", NATIVE_DIR / "mrv2_step.c")  # one library
 # included by them: part of what names a build
 HEADERS = (NATIVE_DIR / "common.h", NATIVE_DIR / "layers_typed.h", NATIVE_DIR / "attention_typed.h")
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-std=gnu11", "-shared", "-fPIC")
@@ -59,6 +59,16 @@ SIGNATURES: dict[str, tuple[type, list[type]]] = {
                                 _c_i64, _c_int]),
     "ak_slot_mapping": (_c_i64, [_ptr, _c_int, _c_i64, _c_i64, _ptr, _c_int, _ptr, _c_int, _c_i64, _ptr, _c_int,
                                  _c_i64, _ptr, _c_i64]),
+    "ak_mrv2_pos_seq_lens": (_c_i64, [_ptr, _c_int, _c_i64, _ptr, _c_int, _c_i64, _ptr, _c_int, _ptr, _c_int, _ptr,
+                                      _c_int, _c_i64, _c_i64, _c_i64]),
+    "ak_mrv2_combine_tokens": (_c_i64, [_ptr, _c_int, _c_i64, _ptr, _c_int, _ptr, _c_int, _c_i64, _ptr, _c_int, _ptr,
+                                        _c_int, _ptr, _c_int, _ptr, _c_int, _c_i64, _c_i64, _ptr, _c_int, _ptr, _c_int,
+                                        _c_i64, _c_i64, _c_i64]),
+    "ak_mrv2_num_sampled": (_c_i64, [_ptr, _c_int, _ptr, _c_int, _ptr, _c_int, _ptr, _c_int, _ptr, _c_int, _ptr, _c_int,
+                                     _c_i64, _c_i64]),
+    "ak_mrv2_post_update": (_c_i64, [_ptr, _c_int, _ptr, _c_int, _ptr, _c_int, _c_i64, _ptr, _c_int, _c_i64, _ptr,
+                                     _c_int, _c_i64, _ptr, _c_int, _ptr, _c_int, _ptr, _c_int, _ptr, _c_int, _c_i64,
+                                     _ptr, _c_int, _c_i64]),
     "ak_rotary": (_c_i64, [_ptr, _c_i64, _ptr, _c_int, _c_i64, _c_i64, _ptr, _c_i64, _c_i64, _c_i64, _ptr, _c_i64,
                            _c_i64, _c_i64, _c_int, _c_i64, _c_int, _c_int]),
 }
@@ -183,6 +193,11 @@ def status() -> NativeStatus:
 def record(op: str) -> None:
     """Count one call of `op` a loop took."""
     _CALLS[op] = _CALLS.get(op, 0) + 1
+
+
+def calls_of(op: str) -> int:
+    """Calls the loops took of one op, a facade op or one of Model Runner V2's step kernels (`native_mrv2_step`)."""
+    return _CALLS.get(op, 0)
 
 
 def calls() -> dict[str, int]:

@@ -16,10 +16,9 @@ from ascend_platform.simulated.mrv2_kernels.common import flat, rows_of
 def prepare_pos_seq_lens(pos_ptr, seq_lens_ptr, idx_mapping_ptr, query_start_loc_ptr, num_computed_tokens_ptr,
                          max_num_reqs, BLOCK_SIZE=None, **_launch):
     """`_prepare_pos_seq_lens_kernel`: seq_len = computed + query length; positions continue from computed."""
-    if host_batch.on_host("prepare_pos_seq_lens", pos_ptr, seq_lens_ptr, idx_mapping_ptr, query_start_loc_ptr,
-                          num_computed_tokens_ptr):
-        return host_batch.prepare_pos_seq_lens(pos_ptr, seq_lens_ptr, idx_mapping_ptr, query_start_loc_ptr,
-                                               num_computed_tokens_ptr, max_num_reqs)
+    if host_batch.prepare_pos_seq_lens(pos_ptr, seq_lens_ptr, idx_mapping_ptr, query_start_loc_ptr,
+                                       num_computed_tokens_ptr, max_num_reqs):
+        return
     nr = idx_mapping_ptr.shape[0]
     qsl = query_start_loc_ptr[: nr + 1].long()
     lens = qsl[1:] - qsl[:-1]
@@ -41,13 +40,11 @@ def combine_sampled_and_draft_tokens(input_ids_ptr, idx_mapping_ptr, last_sample
                                      NUM_NEW_SAMPLED_TOKENS=1, **_launch):
     """`_combine_sampled_and_draft_tokens_kernel`: logits indices, then the last sampled token and any drafts of
     requests past their prompt written into input_ids."""
-    if host_batch.on_host("combine_sampled_and_draft_tokens", input_ids_ptr, idx_mapping_ptr, last_sampled_tokens_ptr,
-                          query_start_loc_ptr, seq_lens_ptr, prefill_len_ptr, draft_tokens_ptr, cu_num_logits_ptr,
-                          logits_indices_ptr):
-        return host_batch.combine_sampled_and_draft_tokens(
-            input_ids_ptr, idx_mapping_ptr, last_sampled_tokens_ptr, query_start_loc_ptr, seq_lens_ptr,
-            prefill_len_ptr, draft_tokens_ptr, draft_tokens_stride, cu_num_logits_ptr, logits_indices_ptr,
-            NUM_NEW_SAMPLED_TOKENS)
+    if host_batch.combine_sampled_and_draft_tokens(input_ids_ptr, idx_mapping_ptr, last_sampled_tokens_ptr,
+                                                   query_start_loc_ptr, seq_lens_ptr, prefill_len_ptr, draft_tokens_ptr,
+                                                   draft_tokens_stride, cu_num_logits_ptr, logits_indices_ptr,
+                                                   NUM_NEW_SAMPLED_TOKENS):
+        return
     nr = idx_mapping_ptr.shape[0]
     if nr == 0:
         return
@@ -84,10 +81,9 @@ def combine_sampled_and_draft_tokens(input_ids_ptr, idx_mapping_ptr, last_sample
 def get_num_sampled_and_rejected(num_sampled_ptr, num_rejected_ptr, seq_lens_ptr, cu_num_logits_ptr,
                                  idx_mapping_ptr, prefill_len_ptr, **_launch):
     """`_get_num_sampled_and_rejected_kernel`: chunked-prefill rows sample and reject nothing."""
-    if host_batch.on_host("get_num_sampled_and_rejected", num_sampled_ptr, num_rejected_ptr, seq_lens_ptr,
-                          cu_num_logits_ptr, idx_mapping_ptr, prefill_len_ptr):
-        return host_batch.get_num_sampled_and_rejected(num_sampled_ptr, num_rejected_ptr, seq_lens_ptr,
-                                                       cu_num_logits_ptr, idx_mapping_ptr, prefill_len_ptr)
+    if host_batch.get_num_sampled_and_rejected(num_sampled_ptr, num_rejected_ptr, seq_lens_ptr, cu_num_logits_ptr,
+                                               idx_mapping_ptr, prefill_len_ptr):
+        return
     nr = idx_mapping_ptr.shape[0]
     chunked = seq_lens_ptr[:nr] < flat(prefill_len_ptr)[idx_mapping_ptr.long()]
     sampled = torch.where(chunked, torch.zeros_like(num_sampled_ptr[:nr]), num_sampled_ptr[:nr])
@@ -103,13 +99,10 @@ def post_update(idx_mapping_ptr, num_computed_tokens_ptr, last_sampled_tokens_pt
                 **_launch):
     """`_post_update_kernel`: append the sampled tokens to each request's history (and penalty counts), advance
     total_len, last_sampled_tokens and num_computed_tokens; rows with a negative request index are skipped."""
-    if host_batch.on_host("post_update", idx_mapping_ptr, num_computed_tokens_ptr, last_sampled_tokens_ptr,
-                          output_bin_counts_ptr, sampled_tokens_ptr, num_sampled_ptr, num_rejected_ptr,
-                          query_start_loc_ptr, all_token_ids_ptr, total_len_ptr):
-        return host_batch.post_update(idx_mapping_ptr, num_computed_tokens_ptr, last_sampled_tokens_ptr,
-                                      output_bin_counts_ptr, output_bin_counts_stride, sampled_tokens_ptr,
-                                      num_sampled_ptr, num_rejected_ptr, query_start_loc_ptr, all_token_ids_ptr,
-                                      all_token_ids_stride, total_len_ptr)
+    if host_batch.post_update(idx_mapping_ptr, num_computed_tokens_ptr, last_sampled_tokens_ptr, output_bin_counts_ptr,
+                              output_bin_counts_stride, sampled_tokens_ptr, num_sampled_ptr, num_rejected_ptr,
+                              query_start_loc_ptr, all_token_ids_ptr, all_token_ids_stride, total_len_ptr):
+        return
     nr = idx_mapping_ptr.shape[0]
     if nr == 0:
         return
