@@ -12,12 +12,8 @@
 int64_t ak_slot_mapping(const void *table, int table_i64, int64_t t_rs, int64_t t_cols, const void *reqs,
                         int reqs_i64, const void *qsl, int qsl_i64, int64_t num_reqs, const void *positions,
                         int pos_i64, int64_t block_size, int64_t *out, int64_t n_out) {
+    if (!ak_offsets_ok(qsl, qsl_i64, num_reqs, n_out)) return -1;
     const int64_t tokens = num_reqs ? ak_index(qsl, qsl_i64, num_reqs) : 0;
-    if (tokens > n_out) return -1;
-    for (int64_t r = 0; r < num_reqs; r++) {
-        const int64_t a = ak_index(qsl, qsl_i64, r), b = ak_index(qsl, qsl_i64, r + 1);
-        if (a < 0 || b < a || b > tokens) return -1;
-    }
     for (int64_t r = 0; r < num_reqs; r++) {
         if (ak_index(reqs, reqs_i64, r) < 0) continue;
         for (int64_t t = ak_index(qsl, qsl_i64, r); t < ak_index(qsl, qsl_i64, r + 1); t++) {

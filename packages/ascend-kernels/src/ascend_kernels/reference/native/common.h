@@ -81,6 +81,23 @@ static inline int64_t ak_index(const void *p, int is_i64, int64_t i) {
     return is_i64 ? ((const int64_t *)p)[i] : (int64_t)((const int32_t *)p)[i];
 }
 
+/* Store v as entry i of an int32 or int64 array. */
+static inline void ak_set(void *p, int is_i64, int64_t i, int64_t v) {
+    if (is_i64)
+        ((int64_t *)p)[i] = v;
+    else
+        ((int32_t *)p)[i] = (int32_t)v;
+}
+
+/* Rows [0, nr) of an offsets array of nr + 1 entries non-decreasing from its first entry up to at most `limit`. */
+static inline int ak_offsets_ok(const void *off, int off_i64, int64_t nr, int64_t limit) {
+    for (int64_t r = 0; r < nr; r++) {
+        const int64_t a = ak_index(off, off_i64, r), b = ak_index(off, off_i64, r + 1);
+        if (a < 0 || b < a || b > limit) return 0;
+    }
+    return 1;
+}
+
 /* Block id `at` of the table, clamped into [0, num_blocks) as the torch formulation clamps it. */
 static inline int64_t ak_block(const void *table, int is_i64, int64_t at, int64_t num_blocks) {
     const int64_t blk = ak_index(table, is_i64, at);

@@ -10,22 +10,6 @@
 
 #include "common.h"
 
-static inline void ak_set(void *p, int is_i64, int64_t i, int64_t v) {
-    if (is_i64)
-        ((int64_t *)p)[i] = v;
-    else
-        ((int32_t *)p)[i] = (int32_t)v;
-}
-
-/* Rows [0, nr) of an offsets array of nr + 1 entries non-decreasing from its first entry up to at most `limit`. */
-static int ak_offsets_ok(const void *off, int off_i64, int64_t nr, int64_t limit) {
-    for (int64_t r = 0; r < nr; r++) {
-        const int64_t a = ak_index(off, off_i64, r), b = ak_index(off, off_i64, r + 1);
-        if (a < 0 || b < a || b > limit) return 0;
-    }
-    return 1;
-}
-
 /* seq_lens[r] = computed[req] + query length; positions of the request's query tokens continue from computed[req];
  * seq_lens[nr:max_num_reqs] = 0. */
 int64_t ak_mrv2_pos_seq_lens(void *pos, int pos_i64, int64_t n_pos, void *seq_lens, int sl_i64, int64_t n_sl,
