@@ -58,6 +58,10 @@ SEEDED_PROMPTS = ["ab", "Zz", "x=1;", '{"a":']  # each at most SEEDED_PROMPT_MAX
 CHUNKED_PROMPT = "The quick brown fox; " * 10  # 210 tokens: two chunks under the 128-token budget
 PROMPT_LOGPROB_PROMPTS = ["ab{}", 'x = {"key": [1, 2, 3]} and y = [4, 5]; z', CHUNKED_PROMPT]
 N_SEED = 7
+JOIN_TOKENS = 12
+JOIN_AFTER_STEPS = 4
+JOIN_LONG = {"id": "join_long", "prompt": GREEDY_PROMPTS[1],
+             "sampling": {"temperature": 0.0, "max_tokens": 240, "ignore_eos": True}}
 LOGPROB_TOKEN_IDS = [5, 9, 40]
 JSON_SCHEMA = {
     "type": "object",
@@ -140,6 +144,7 @@ class ServedRuns:
             timed("seeded", lambda: run(host, seeded_requests(chunked=lane == "mrv2")))
             timed("seeded_reversed", lambda: run(host, seeded_requests(chunked=lane == "mrv2")[::-1])[::-1])
             timed("n4", lambda: self._n4(host))
+            timed("joining", lambda: self._joining(host))
             timed("structured", lambda: run(host, structured_requests()))
             timed("structured_free_alone",
                   lambda: run(host, [r for r in structured_requests() if r["id"].startswith("free")]))
@@ -224,6 +229,26 @@ class ServedRuns:
         return {"n4": [c["token_ids"] for c in fan], "singles": [o["token_ids"] for o in singles]}
 
 
+    def _joining(self, host: Any) -> dict[str, Any]:
+        """A greedy request decodes; seeded requests join it once it has run a few steps; greedy ones join after
+        those finished, into the slots they left (MRV2 hands out the last freed first). Then the same requests again,
+        each group on its own, and the seeded ones once more at temperature 0."""
+        seeded, greedy = joining_requests()
+        host.submit([JOIN_LONG])
+        deadline = time.monotonic() + 60
+        while (steps := host.progress([JOIN_LONG["id"]])[JOIN_LONG["id"]]) < JOIN_AFTER_STEPS:
+            assert time.monotonic() < deadline, f"the long request decoded {steps} tokens in 60 s"
+            time.sleep(0.005)
+        together = host.collect(host.submit(seeded))
+        together += host.collect(host.submit(greedy))
+        together += host.collect([JOIN_LONG["id"]])
+        alone = run(host, [JOIN_LONG]) + run(host, seeded) + run(host, greedy)
+        as_greedy = run(host, [{**r, "sampling": {**r["sampling"], "temperature": 0.0}} for r in seeded])
+        tokens = lambda rows: {r["id"]: r["token_ids"] for r in rows}  # noqa: E731
+        return {"together": tokens(together), "alone": tokens(alone), "seeded_as_greedy": tokens(as_greedy),
+                "steps_before_join": steps}
+
+
 def run(host: Any, requests: list[dict[str, Any]], timeout: float = 300.0) -> list[dict[str, Any]]:
     """Requests with their own sampling parameters in one batch; outputs in request order."""
     return host.run_requests(requests, timeout=timeout)
@@ -255,6 +280,16 @@ def seeded_requests(chunked: bool = False) -> list[dict[str, Any]]:
         requests.append({"id": "seeded_chunked", "prompt": CHUNKED_PROMPT,
                          "sampling": {"temperature": 1.0, "top_k": 8, "seed": 77, "max_tokens": MAX_TOKENS}})
     return requests
+
+
+def joining_requests() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Seeded and greedy requests that join JOIN_LONG's running batch (test_seeded_sampling.py)."""
+    def request(kind: str, i: int, sampling: dict[str, Any]) -> dict[str, Any]:
+        return {"id": f"join_{kind}{i}", "prompt": SEEDED_PROMPTS[i],
+                "sampling": {**sampling, "max_tokens": JOIN_TOKENS, "ignore_eos": True}}
+
+    return ([request("seeded", i, {"temperature": 1.5, "seed": 500 + i}) for i in range(3)],
+            [request("greedy", i, {"temperature": 0.0}) for i in range(3)])
 
 
 def structured_requests(seeded: bool = False) -> list[dict[str, Any]]:

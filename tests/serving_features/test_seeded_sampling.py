@@ -121,3 +121,17 @@ def test_no_seeded_prompt_is_prefilled_in_chunks_on_v1(workload):
     longest = max(len(r["prompt"]) for r in seeded)  # one token per character
     assert longest <= workload.SEEDED_PROMPT_MAX
     assert workload.ENGINE["max_num_batched_tokens"] >= workload.MAX_NUM_SEQS * workload.SEEDED_PROMPT_MAX
+
+
+@pytest.mark.parametrize("lane", (*OURS, "cpu"))
+def test_requests_joining_a_running_batch_sample_as_they_do_alone(served, lane):
+    """Seeded requests that join a decoding batch draw what they draw alone, and sample (their temperature reached
+    the sampler: they differ from their greedy tokens); greedy requests that join after them, into the slots they
+    left, are greedy (no temperature or seed of the slot's last request is left behind). MRV2's sampler copies its
+    per-request tables to the device only on steps that added a request (`ascend_platform.worker.sampler_staging`)."""
+    joining = served[lane]["joining"]
+    assert joining["steps_before_join"] >= 4
+    assert joining["together"] == joining["alone"]
+    assert all(joining["together"][rid] != tokens for rid, tokens in joining["seeded_as_greedy"].items())
+    joined = {rid: t for rid, t in joining["together"].items() if rid != "join_long"}
+    assert len(joined) == 6 and all(len(t) == 12 for t in joined.values())

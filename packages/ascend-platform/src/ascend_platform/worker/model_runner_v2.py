@@ -6,7 +6,8 @@ runner swaps in `_ascend_init_kv_cache` for the duration of that call via the re
 parallel uses `ascend_platform.pcp.AscendPCPManager` through upstream's `pcp_manager_cls` hook; the attention
 builders get that manager (its per-step attention layout). Graphs follow `GraphCapturePlan` through
 `AscendGraphManager`, built in place of vLLM's graph manager (scoped patch `mrv2.cudagraph_manager`); the simulated
-lane, whose CPU worker never captures, captures (eagerly, recording) once its KV cache exists.
+lane, whose CPU worker never captures, captures (eagerly, recording) once its KV cache exists. The sampler copies
+its per-request tables to the device only on steps that added a request (`sampler_staging`).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from vllm.v1.worker.utils import bind_kv_cache_to_layers
 
 from ascend_platform import usage
 from ascend_platform.patches import REGISTRY
-from ascend_platform.worker import kv_binding
+from ascend_platform.worker import kv_binding, sampler_staging
 
 
 class AscendRunnerV2Mixin:
@@ -34,6 +35,11 @@ class AscendRunnerV2Mixin:
         from ascend_platform.pcp import AscendPCPManager
 
         return AscendPCPManager
+
+    def load_model(self, *args: Any, **kwargs: Any) -> None:
+        super().load_model(*args, **kwargs)
+        if getattr(self, "sampler", None) is not None:  # the last PP rank of a generative model builds one
+            sampler_staging.flush_only_after_add(self.sampler)
 
     def initialize_kv_cache(self, kv_cache_config: Any, is_profiling: bool = False,
                             kv_cache_allocation_context: AbstractContextManager | None = None) -> None:

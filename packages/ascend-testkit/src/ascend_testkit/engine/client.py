@@ -219,6 +219,10 @@ class EngineHost:
         """Add requests without waiting; the host keeps stepping the engine. Timings come back from `collect`."""
         return self.call("submit", requests=[self._request(r) for r in requests])
 
+    def progress(self, ids: Sequence[str]) -> dict[str, int]:
+        """Output tokens so far of submitted requests (the host steps between commands)."""
+        return self.call("progress", ids=list(ids))
+
     def collect(self, ids: Sequence[str], timeout: float = 120.0) -> list[dict[str, Any]]:
         return self.call("collect", timeout + 10, ids=list(ids), timeout=timeout)
 

@@ -236,9 +236,15 @@ class EngineSession:
             if rec is None:
                 continue
             rec.setdefault("t_first", time.time())
+            rec["tokens_so_far"] = len(out.outputs[0].token_ids) if out.outputs else 0
             if out.finished:
                 rec.update(_outputs([out])[0], t_end=time.time())
                 self.done[out.request_id] = self.pending.pop(out.request_id)
+
+    def progress(self, ids: Sequence[str]) -> dict[str, int]:
+        """Output tokens so far of submitted requests (finished ones: all of theirs)."""
+        return {i: len(self.done[i]["token_ids"]) if i in self.done else
+                self.pending.get(i, {}).get("tokens_so_far", 0) for i in ids}
 
     def collect(self, ids: Sequence[str], timeout: float = 120.0) -> list[dict[str, Any]]:
         deadline = time.monotonic() + timeout
