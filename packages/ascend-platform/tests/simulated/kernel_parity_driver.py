@@ -184,16 +184,21 @@ def case_apply_write_1d(g):
     return _staged(g, MAX_REQS)
 
 
-def _gumbel(g, *, fp64=False, drafting=False, apply_temperature=True, cache=False, padded=True):
+def _gumbel(g, *, fp64=False, drafting=False, apply_temperature=True, cache=False, padded=True, greedy=False,
+            dtype=torch.float32):
     from vllm.v1.worker.gpu.sample.gumbel import gumbel_sample
 
     n = 7
-    logits = torch.randn(n, VOCAB, generator=g) * 2
+    logits = (torch.randn(n, VOCAB, generator=g) * 2).to(dtype)
+    if greedy:
+        logits[1, [3, VOCAB - 2]] = 40.0  # a tie: the lowest id
     idx = torch.randint(0, MAX_REQS, (n,), generator=g)
     if padded:
         idx[3] = -1
     temperature = torch.rand(MAX_REQS, generator=g) + 0.3
     temperature[idx[0]] = 0.0
+    if greedy:
+        temperature.zero_()
     seeds = torch.randint(-(2**62), 2**62, (MAX_REQS,), generator=g)
     pos = torch.randint(0, 2000, (n,), generator=g)
     logits_cache = torch.zeros(MAX_REQS, 2, VOCAB) if cache else None
@@ -212,6 +217,14 @@ def case_gumbel_sample(g):
 
 def case_gumbel_sample_no_padding_rows(g):
     return _gumbel(g, padded=False)
+
+
+def case_gumbel_sample_greedy(g):
+    return _gumbel(g, greedy=True)
+
+
+def case_gumbel_sample_greedy_bf16_fp64(g):
+    return _gumbel(g, greedy=True, dtype=torch.bfloat16, fp64=True)
 
 
 def case_gumbel_sample_fp64(g):

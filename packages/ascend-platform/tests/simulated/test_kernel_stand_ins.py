@@ -40,10 +40,12 @@ def test_every_stand_in_matches_vllms_kernel(parity):
     assert parity["report"]["gumbel_sample"]["sampled"] == "equal"
     assert parity["report"]["gumbel_sample_fp64"]["sampled"] == "equal"
     assert parity["report"]["gumbel_sample_no_padding_rows"]["sampled"] == "equal"
+    assert parity["report"]["gumbel_sample_greedy"]["sampled"] == "equal"
+    assert parity["report"]["gumbel_sample_greedy_bf16_fp64"]["sampled"] == "equal"
 
 
 HOST_PATHS = ("prepare_pos_seq_lens", "combine_sampled_and_draft_tokens", "get_num_sampled_and_rejected", "post_update",
-              "gumbel_sample", "gather_block_tables")
+              "gumbel_sample", "gumbel_greedy", "gather_block_tables")
 
 
 def test_host_paths_and_torch_formulations_are_both_held_to_vllms_kernels(parity):
@@ -55,7 +57,8 @@ def test_host_paths_and_torch_formulations_are_both_held_to_vllms_kernels(parity
     torch_cases = {case for case in parity["report"] if case.endswith("@torch")}
     expected = {"prepare_pos_seq_lens@torch", "combine_tokens_with_drafts@torch", "num_sampled_and_rejected@torch",
                 "post_update@torch", "post_update_no_counts_no_qsl@torch", "gumbel_sample@torch",
-                "gumbel_sample_fp64@torch", "block_tables_one_group@torch", "block_tables_two_groups@torch"}
+                "gumbel_sample_greedy@torch", "gumbel_sample_fp64@torch", "block_tables_one_group@torch",
+                "block_tables_two_groups@torch"}
     assert expected <= torch_cases, torch_cases
 
 

@@ -31,7 +31,7 @@ logger = logging.getLogger(__name__)
 
 NATIVE_DIR = Path(__file__).with_name("native")
 SOURCES = (NATIVE_DIR / "layers.c", NATIVE_DIR / "attention.c", NATIVE_DIR / "attention_tiled.c",
-           NATIVE_DIR / "batch_prep.c", NATIVE_DIR / "mrv2_step.c")  # one library
+           NATIVE_DIR / "batch_prep.c", NATIVE_DIR / "mrv2_step.c", NATIVE_DIR / "mrv2_greedy.c")  # one library
 # included by them: part of what names a build
 HEADERS = (NATIVE_DIR / "common.h", NATIVE_DIR / "layers_typed.h", NATIVE_DIR / "attention_typed.h")
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-std=gnu11", "-shared", "-fPIC")
@@ -69,6 +69,8 @@ SIGNATURES: dict[str, tuple[type, list[type]]] = {
     "ak_mrv2_post_update": (_c_i64, [_ptr, _c_int, _ptr, _c_int, _ptr, _c_int, _c_i64, _ptr, _c_int, _c_i64, _ptr,
                                      _c_int, _c_i64, _ptr, _c_int, _ptr, _c_int, _ptr, _c_int, _ptr, _c_int, _c_i64,
                                      _ptr, _c_int, _c_i64]),
+    "ak_mrv2_gumbel_greedy": (_c_i64, [_ptr, _c_int, _c_i64, _c_i64, _c_i64, _ptr, _c_int, _ptr, _c_i64, _ptr, _c_i64,
+                                       _ptr, _c_int, _c_i64, _c_i64]),
     "ak_rotary": (_c_i64, [_ptr, _c_i64, _ptr, _c_int, _c_i64, _c_i64, _ptr, _c_i64, _c_i64, _c_i64, _ptr, _c_i64,
                            _c_i64, _c_i64, _c_int, _c_i64, _c_int, _c_int]),
 }

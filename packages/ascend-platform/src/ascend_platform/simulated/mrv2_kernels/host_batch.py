@@ -4,11 +4,12 @@ gather) on host memory, taken when every tensor of a launch is a CPU tensor (the
 Each step launches six of these on a handful of requests, where the work is a few dozen integers and the cost is
 the op count: the torch formulation is 10-25 eager ops a launch at ~3-5 us each (300 us a step over five of them in
 an MRV2 engine of the tiny Llama, 4 decodes). `batch.py`'s four kernels run on `ascend_kernels`' native loops
-(`native_mrv2_step`, one C call each: ~170 us a step as numpy over the four, ~50 us as C calls); the gumbel
-bookkeeping and the block-table gather on numpy views (~0.5-1 us an op; `numpy()` views share the tensors' memory,
-so writes land in them). The torch formulation stays for every other device (the emulated NPU's tensors) and for a
-host without the native library, and is held to vLLM's kernels as these are (`tests/simulated/kernel_parity_driver.py`
-runs both).
+(`native_mrv2_step`, one C call each: ~170 us a step as numpy over the four, ~50 us as C calls); a sampling
+launch whose rows are all greedy on one native call too (`native_mrv2_greedy`: the stand-in ~110 -> ~25 us a
+step); the gumbel bookkeeping of launches that sample and the block-table gather on numpy views (~0.5-1 us an op;
+`numpy()` views share the tensors' memory, so writes land in them). The torch formulation stays for every other
+device (the emulated NPU's tensors) and for a host without the native library, and is held to vLLM's kernels as
+these are (`tests/simulated/kernel_parity_driver.py` runs both).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from collections.abc import Iterator
 import numpy as np
 import torch
 
-from ascend_kernels.reference import native_mrv2_step
+from ascend_kernels.reference import native_mrv2_greedy, native_mrv2_step
 from ascend_platform import usage
 from ascend_platform.simulated.mrv2_kernels.common import flat
 
@@ -76,6 +77,13 @@ def get_num_sampled_and_rejected(*args) -> bool:
 
 def post_update(*args) -> bool:
     return _ENABLED[-1] and _taken("post_update", native_mrv2_step.post_update(*args))
+
+
+def gumbel_greedy(logits, expanded_idx_mapping_ptr, temp_ptr, local_argmax_ptr, local_max_ptr) -> bool:
+    """A launch whose every row is greedy (temperature 0 or padding): each row's argmax into the launcher's block
+    column 0 on `ascend_kernels`' native loop; False (nothing written) when a row samples or the loop is off."""
+    return _ENABLED[-1] and _taken("gumbel_greedy", native_mrv2_greedy.gumbel_greedy(
+        logits, expanded_idx_mapping_ptr, temp_ptr, local_argmax_ptr, local_max_ptr))
 
 
 def gumbel_rows(expanded_idx_mapping_ptr, temp_ptr, seeds_ptr, pos_ptr,

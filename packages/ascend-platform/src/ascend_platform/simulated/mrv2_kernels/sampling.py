@@ -27,6 +27,9 @@ def gumbel_sample(local_argmax_ptr, local_argmax_stride, local_max_ptr, local_ma
     salt = _DRAFT_NOISE_SALT if IS_DRAFTING else 0
     host = host_batch.on_host("gumbel_sample", expanded_idx_mapping_ptr, temp_ptr, seeds_ptr, pos_ptr, local_argmax_ptr,
                               local_max_ptr)
+    if host and logits_cache_ptr is None and host_batch.gumbel_greedy(
+            logits_ptr[:, :vocab_size], expanded_idx_mapping_ptr, temp_ptr, local_argmax_ptr, local_max_ptr):
+        return  # every row greedy: their argmax in one native call
     if logits_cache_ptr is not None or not host:
         reqs = expanded_idx_mapping_ptr.long()
         valid = reqs >= 0
