@@ -136,8 +136,13 @@ def test_each_layer_moved_its_state_or_its_prompt_blocks(hybrid_pd_run):
     spec = TinyHybridSpec()
     conv_dim = 2 * spec.linear_num_key_heads * spec.linear_key_head_dim \
         + spec.linear_num_value_heads * spec.linear_value_head_dim
+    # The recurrent state's dtype is vLLM's choice: "auto" keeps the model's bf16, and vLLM CPU's config hook (which
+    # the simulated platform runs) makes it float32 on hosts with AVX512-BF16 (its accelerated GDN backend's).
+    conv_dtype, recurrent_dtype = groups["MambaSpec"]["state_dtypes"]
+    assert conv_dtype == "bfloat16" and recurrent_dtype in ("bfloat16", "float32"), groups["MambaSpec"]
     state = conv_dim * (spec.linear_conv_kernel_dim - 1) * 2 \
-        + spec.linear_num_value_heads * spec.linear_value_head_dim * spec.linear_key_head_dim * 4
+        + spec.linear_num_value_heads * spec.linear_value_head_dim * spec.linear_key_head_dim \
+        * (4 if recurrent_dtype == "float32" else 2)
     block = groups["FullAttentionSpec"]["block_size"]
     attention_page = block * 2 * spec.num_kv_heads * spec.head_dim * 2  # K and V, bf16
     for k, ids in run["prompts"].items():

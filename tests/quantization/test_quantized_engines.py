@@ -11,6 +11,7 @@ from ascend_testkit.compare import check_logprobs_close
 pytestmark = pytest.mark.engine
 
 CT = ("ct_static", "ct_dynamic")
+ONEDNN_EXACT = 0.02  # above bf16 output rounding (0.004 relative to the largest output), below int16 saturation
 RUNNERS = ("v1", "v2")
 # What each checkpoint's generation must count (ascend_platform.usage names: "kernels.<facade op>").
 OPS = {"ct_static": {"kernels.static_quant", "kernels.quant_matmul"},
@@ -26,7 +27,10 @@ METHODS = {"ct_static": {"AscendCompressedInt8Method"}, "ct_dynamic": {"AscendCo
 
 @pytest.mark.parametrize("runner", RUNNERS)
 @pytest.mark.parametrize("model", CT)
-def test_compressed_tensors_matches_plain_vllm_cpu(quant_runs, model, runner):
+def test_compressed_tensors_matches_plain_vllm_cpu(quant_runs, model, runner, onednn_dynamic_int8_error):
+    if model == "ct_dynamic" and onednn_dynamic_int8_error > ONEDNN_EXACT:
+        pytest.skip(f"plain vLLM CPU's dynamic int8 GEMM is no anchor on this host: {onednn_dynamic_int8_error:.3f} "
+                    "relative error against exact int32 products (oneDNN without AVX512-VNNI saturates in int16)")
     ours, anchor = quant_runs[(runner, model)], quant_runs[("cpu", model)]
     assert ours["facts"]["runner"] == runner
     check_logprobs_close(ours["outputs"], anchor["outputs"], name_0=f"ascend {runner}", name_1="vLLM CPU (oneDNN)")

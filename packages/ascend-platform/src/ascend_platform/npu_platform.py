@@ -427,9 +427,13 @@ class AscendNPUPlatform(AscendPlatformBase):
 
             register_kernels({sampling_filter.TRITON_FILTER: sampling_filter.top_k_top_p})
             return
+        from vllm.platforms.cpu import CpuPlatform
+
         from ascend_platform.simulated.kernel_overrides import register_for_lane
 
-        Platform.import_kernels()  # vLLM's own: the host build's C++ kernels those fallbacks call (a card has none)
+        # vLLM's own host build of its C++ kernels, which those fallbacks call (a card has none): CpuPlatform picks
+        # the build the host's instruction set runs (`_C` needs AVX512-BF16: on an AVX2 host importing it is SIGILL)
+        CpuPlatform.import_kernels()
         register_for_lane()
 
     @classmethod

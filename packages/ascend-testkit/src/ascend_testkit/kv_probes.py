@@ -75,6 +75,8 @@ def kv_groups(worker: Any) -> list[dict[str, Any]]:
             "tokens_per_state": int(getattr(first, "tokens_per_state", 1) or 1),
             "enable_kv_transfer": bool(getattr(group, "enable_kv_transfer", True)),
             "layers": {name: int(specs[name].page_size_bytes) for name in group.layer_names},
+            # a state spec's parts (e.g. a GDN layer's conv and recurrent states): their dtypes, as vLLM chose them
+            "state_dtypes": [str(d).removeprefix("torch.") for d in getattr(first, "dtypes", ())],
         })
     return out
 

@@ -243,8 +243,7 @@ class EngineSession:
 
     def progress(self, ids: Sequence[str]) -> dict[str, int]:
         """Output tokens so far of submitted requests (finished ones: all of theirs)."""
-        return {i: len(self.done[i]["token_ids"]) if i in self.done else
-                self.pending.get(i, {}).get("tokens_so_far", 0) for i in ids}
+        return {i: (self.pending.get(i) or self.done.get(i) or {}).get("tokens_so_far", 0) for i in ids}
 
     def collect(self, ids: Sequence[str], timeout: float = 120.0) -> list[dict[str, Any]]:
         deadline = time.monotonic() + timeout
