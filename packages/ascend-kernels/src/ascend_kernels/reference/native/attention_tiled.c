@@ -4,10 +4,10 @@
  * runs torch's fused attention over gathered keys, whose CPU kernel and its [rows, keys] buffers leave this host at a
  * third of vLLM's CPU attention (512-token prefill, 2 threads), and small verify batches pay torch's per-op cost.
  *
- * The products are written with GCC's vector extensions (16 floats a vector) so that any target gets register tiles:
- * 4 keys x 64 query rows for the scores (against the query tile transposed once per work item, so a key value is one
- * broadcast), 4 rows x 64 value dims for the weighted sum. float32 keys and values are read in place; other dtypes
- * are converted into float32 tiles once per key tile.
+ * The products are written with GCC's vector extensions (AK_VW floats a vector) so that any target gets register
+ * tiles: 4 keys x 4 vectors of query rows for the scores (against the query tile transposed once per work item, so a
+ * key value is one broadcast), 4 rows x 4 vectors of value dims for the weighted sum. float32 keys and values are read
+ * in place; other dtypes are converted into float32 tiles once per key tile.
  *
  * Built with layers.c into one library (see ascend_kernels.reference.native_build); the caller checks dtypes and
  * layouts.
@@ -21,9 +21,15 @@
 
 #define AK_KB 64        /* keys a tile */
 #define AK_TILE_ROWS 64 /* query rows (tokens x the query heads of one KV head) a tile, about */
-#define AK_VW 16        /* floats a vector */
+/* floats a vector: a 4 x 4 register tile of 16-float vectors fills AVX-512's 32 registers; on a host without it
+ * (16 AVX2 registers, or SSE / NEON) the same tile spilled to memory and ran ~40x slower, so there a vector is 8 */
+#ifdef __AVX512F__
+#define AK_VW 16
+#else
+#define AK_VW 8
+#endif
 
-/* 16 floats; aligned(4): loads straight from a cache row need not be vector-aligned */
+/* AK_VW floats; aligned(4): loads straight from a cache row need not be vector-aligned */
 typedef float ak_vec __attribute__((vector_size(AK_VW * sizeof(float)), aligned(4)));
 
 static inline int64_t ak_round16(int64_t n) { return (n + AK_VW - 1) / AK_VW * AK_VW; }
