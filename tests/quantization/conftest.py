@@ -1,6 +1,6 @@
 """The quantization suite's engines: int8 checkpoints of the tiny Llama (compressed-tensors and ModelSlim twins
-holding the same integers, `ascend_testkit.models.quantized`) on vLLM's own CPU platform (the anchor: its oneDNN
-int8 kernels) and on ours in the simulated lane (V1 and MRV2), plus one engine over the testkit's torch_npu with the
+holding the same integers, `ascend_testkit.models.quantized`) on vLLM's own CPU platform (the static checkpoints'
+anchor: its oneDNN int8 kernels; the dynamic ones' is the float64 reference of their integers) and on ours in the simulated lane (V1 and MRV2), plus one engine over the testkit's torch_npu with the
 NPU kernel backend.
 
 The hosts are the session's shared ones (`cpu`, `sim-v1`, `sim`, and the NPU kernel suite's `npu-v1`): the
@@ -41,48 +41,14 @@ def quant_models(cache_root) -> dict[str, str]:
     from ascend_testkit.models.quantized import QuantizedSpec, cached_quantized_llama
 
     folder = cache_root / "models"
+    from ascend_testkit.models.quantized import DYNAMIC_CONDITIONING as COND
+
     specs = {"ct_static": QuantizedSpec(fmt="compressed-tensors", activations="static"),
-             "ct_dynamic": QuantizedSpec(fmt="compressed-tensors", activations="dynamic"),
+             "ct_dynamic": QuantizedSpec(fmt="compressed-tensors", activations="dynamic", conditioning=COND),
              "ms_static": QuantizedSpec(fmt="modelslim", activations="static"),
-             "ms_dynamic": QuantizedSpec(fmt="modelslim", activations="dynamic"),
+             "ms_dynamic": QuantizedSpec(fmt="modelslim", activations="dynamic", conditioning=COND),
              "ms_mixed": QuantizedSpec(fmt="modelslim", activations="dynamic", layer_types=MIXED_TYPES)}
     return {name: str(cached_quantized_llama(spec, folder)) for name, spec in specs.items()}
-
-
-# Plain vLLM CPU's dynamic int8 GEMM (oneDNN, what it serves a compressed-tensors dynamic checkpoint with) against
-# exact int32 products of the same quantized operands: the largest error relative to the largest output.
-_ONEDNN_DYNAMIC_INT8_PROBE = """
-import torch
-from vllm.platforms import current_platform
-current_platform.import_kernels()
-from vllm import _custom_ops as ops
-g = torch.Generator().manual_seed(0)
-w = torch.randint(-127, 128, (512, 256), dtype=torch.int8, generator=g)
-ws = torch.rand(512, 1, generator=g) * 0.01 + 0.001
-x = (torch.randn(8, 256, generator=g) * 3).bfloat16()
-xq, xs, _ = ops.onednn_scaled_int8_quant(x, None, None, True)
-out = torch.empty(8, 512, dtype=torch.bfloat16)
-ops.onednn_scaled_mm(ops.create_onednn_scaled_mm(w.t(), ws, torch.bfloat16, True, False), xq, out, xs, None, None,
-                     None)
-exact = (xq.double() @ w.double().t()) * xs.double() * ws.double().t()
-print((out.double() - exact).abs().max().item() / exact.abs().max().item())
-"""
-
-
-@pytest.fixture(scope="session")
-def onednn_dynamic_int8_error() -> float:
-    """vLLM CPU's dynamic int8 GEMM error on this host, measured in a process of plain vLLM CPU: exact products leave
-    only the bf16 output's rounding (at most ~0.004); 0.21 was seen on an AVX2 host (no VNNI: oneDNN multiplies
-    u8 x s8 pairs with int16 saturation)."""
-    import os
-    import subprocess
-    import sys
-
-    env = {k: v for k, v in os.environ.items() if k != "ASCEND_VLLM_SIMULATE"}
-    out = subprocess.run([sys.executable, "-c", _ONEDNN_DYNAMIC_INT8_PROBE], env=env, capture_output=True, text=True,
-                         timeout=300)
-    assert out.returncode == 0, out.stderr[-3000:]
-    return float(out.stdout.strip().splitlines()[-1])
 
 
 @pytest.fixture(scope="session")
@@ -172,6 +138,27 @@ def c8_prompts() -> list[str]:
     from ascend_testkit.models.tiny_llama import prompt_of_length
 
     return [prompt_of_length(n, offset=3 * n) for n in C8_PROMPT_LENGTHS]
+
+
+class W8A8References(dict):
+    """`w8a8_references[model]`: the float64 reference of a compressed-tensors checkpoint (its integers and its
+    activation scheme computed exactly, `ascend_testkit.models.quantized_reference`; the dynamic twins are built
+    conditioned for it), computed once per module."""
+
+    def __init__(self, models, prompts) -> None:
+        super().__init__()
+        self.models, self.prompts = models, prompts
+
+    def __missing__(self, model: str) -> list[dict]:
+        from ascend_testkit.models.quantized_reference import w8a8_float64_outputs
+
+        self[model] = w8a8_float64_outputs(self.models[model], self.prompts, MAX_TOKENS, logprobs=5)
+        return self[model]
+
+
+@pytest.fixture(scope="module")
+def w8a8_references(quant_models, quant_prompts) -> W8A8References:
+    return W8A8References(quant_models, quant_prompts)
 
 
 @pytest.fixture(scope="module")

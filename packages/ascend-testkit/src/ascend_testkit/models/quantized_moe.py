@@ -39,13 +39,13 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import re
 import shutil
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from ascend_testkit.models.checkpoint_cache import built_once, default_cache_dir
 from ascend_testkit.models.quantized import DESCRIPTION_FILE, quantize_weights
+from ascend_testkit.models.quantized import conditioned as conditioned_by
 
 DOWN_SCALE_BIAS_PARTS = 16
 _EXPERT_PROJS = ("gate_proj", "up_proj", "down_proj")
@@ -83,10 +83,7 @@ class QuantizedMoeSpec:
 
 def conditioned(family: str, name: str, tensor):
     """`tensor` (the float model's `name`) times its `CONDITIONING` factor, if any."""
-    for pattern, factor in CONDITIONING[family]:
-        if re.search(pattern, name):
-            return tensor * factor
-    return tensor
+    return conditioned_by(CONDITIONING[family], name, tensor)
 
 
 def float_source(spec: QuantizedMoeSpec, cache_dir: str | os.PathLike | None = None) -> Path:
