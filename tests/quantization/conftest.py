@@ -1,7 +1,7 @@
 """The quantization suite's engines: int8 checkpoints of the tiny Llama (compressed-tensors and ModelSlim twins
 holding the same integers, `ascend_testkit.models.quantized`) on vLLM's own CPU platform (the static checkpoints'
-anchor: its oneDNN int8 kernels; the dynamic ones' is the float64 reference of their integers) and on ours in the simulated lane (V1 and MRV2), plus one engine over the testkit's torch_npu with the
-NPU kernel backend.
+anchor: its oneDNN int8 kernels; the dynamic ones' is the float64 reference of their integers) and on ours in the
+simulated lane (V1 and MRV2), plus one engine over the testkit's torch_npu with the NPU kernel backend.
 
 The hosts are the session's shared ones (`cpu`, `sim-v1`, `sim`, and the NPU kernel suite's `npu-v1`): the
 platform's `check_and_update_config` detects and configures the quantization itself. `quant_runs[(host, model)]`
