@@ -13,6 +13,12 @@ overhead under 5 % of a 1-token decode step (one layer's kernel ops for one requ
 rms_norm + residual, rotary, cache write, paged attention, rms_norm + residual, silu_and_mul; no GEMMs, which would
 only shrink the fraction).
 
+Ops are timed as an engine runs them: argument checks off (the platform's `kernel_checks` defaults to false); what
+the checks cost is `validation_overhead`. For bfloat16 rms_norm and rotary_embedding the row also reports
+`correctly_rounded`: the fraction of each side's outputs equal to the float64 result rounded to nearest even
+(torch's rounding, which the reference is held to); vLLM's CPU ops without AVX512-BF16 truncate instead (about half
+their outputs one ulp off), which is less work than rounding.
+
 Prints ONE JSON object as the last line of stdout (logs on stderr):
   {"reference_native": {"available", "reason"}: whether the reference's native loops ran (see ascend-kernels' README;
    ASCEND_VLLM_NATIVE_KERNELS=0 times the torch formulation alone),
@@ -200,6 +206,17 @@ def bench_layers(repeats: int) -> list[dict]:
     return [row for dtype in (torch.float32, torch.bfloat16) for row in _layers_for(dtype, repeats)]
 
 
+def _correctly_rounded(ours: torch.Tensor, theirs: torch.Tensor, exact: torch.Tensor) -> dict[str, float]:
+    """The fraction of each side's outputs equal to the float64 result rounded to nearest even."""
+    target = exact.float().to(ours.dtype)  # float64 -> float32 is exact enough: one rounding to bfloat16 decides
+    return {side: round((t == target).float().mean().item(), 4) for side, t in (("ref", ours), ("baseline", theirs))}
+
+
+def _rms64(h: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    h = h.double()
+    return h * (h.pow(2).mean(-1, keepdim=True) + 1e-6).rsqrt() * w.double()
+
+
 def _layers_for(dtype: torch.dtype, repeats: int) -> list[dict]:
     c = torch.ops._C
     rows = []
@@ -209,6 +226,9 @@ def _layers_for(dtype: torch.dtype, repeats: int) -> list[dict]:
     out = torch.empty_like(x)
     t = best_ms({"ref": lambda: ops.rms_norm(x, w, 1e-6), "base": lambda: c.rms_norm(out, x, w, 1e-6)}, repeats)
     rows.append(entry("rms_norm [64,4096]", dtype, t, "vllm torch.ops._C.rms_norm"))
+    if dtype == torch.bfloat16:
+        c.rms_norm(out, x, w, 1e-6)
+        rows[-1]["correctly_rounded"] = _correctly_rounded(ops.rms_norm(x, w, 1e-6), out, _rms64(x, w))
 
     def fused_base():
         xx, rr = x.clone(), res.clone()  # the vLLM op works in place
@@ -238,6 +258,17 @@ def _layers_for(dtype: torch.dtype, repeats: int) -> list[dict]:
         repeats,
     )
     rows.append(entry("rotary_embedding [64 tok]", dtype, t, "vllm torch.ops._C.rotary_embedding"))
+    if dtype == torch.bfloat16:
+        q0 = q.clone()
+        q_ref, k_ref, q_base, k_base = q0.clone(), k.clone(), q0.clone(), k.clone()
+        ops.rotary_embedding(positions, q_ref, k_ref, cache, head_size=D, rotary_dim=D, is_neox=True)
+        c.rotary_embedding(positions, q_base, k_base, D, cache, True)
+        cs = cache.double()[positions][:, None]
+        heads = q0.double().view(64, HQ, D)
+        a, b = heads[..., : D // 2], heads[..., D // 2 :]
+        cos, sin = cs[..., : D // 2], cs[..., D // 2 :]
+        exact = torch.cat([a * cos - b * sin, b * cos + a * sin], -1).view(64, HQ * D)
+        rows[-1]["correctly_rounded"] = _correctly_rounded(q_ref, q_base, exact)
     return rows
 
 
@@ -385,14 +416,14 @@ def validation_overhead(repeats: int) -> dict:
         for _ in range(100):
             validators()
 
-    def step_unchecked():
-        ascend_kernels.set_validation(False)
+    def step_checked():
+        ascend_kernels.set_validation(True)
         try:
             step()
         finally:
-            ascend_kernels.set_validation(True)
+            ascend_kernels.set_validation(False)
 
-    t = best_ms({"on": step, "off": step_unchecked}, repeats)  # alternating: each runs warm half the rounds
+    t = best_ms({"on": step_checked, "off": step}, repeats)  # alternating: each runs warm half the rounds
     t.update(best_ms({"checks_x100": validators_x100}, repeats))
     per_step_checks = t["checks_x100"] / 100
     result = {
@@ -418,6 +449,7 @@ def main() -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     ascend_kernels.set_backend("reference")
+    ascend_kernels.set_validation(False)  # as an engine runs the ops; validation_overhead times the checks
     torch.manual_seed(0)
     log(f"torch {torch.__version__}, {torch.get_num_threads()} threads, backend {ascend_kernels.get_backend()}")
     rows, decode = bench_paged(args.repeats)
