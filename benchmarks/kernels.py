@@ -2,8 +2,9 @@
 
 Baselines: vLLM's own CPU ops where they exist (`torch.ops._C.cpu_attention_with_kv_cache` for paged attention, called
 exactly as vllm/v1/attention/backends/cpu_attn.py calls it, with the caches written by `cpu_attn_reshape_and_cache`
-into vLLM's layout; `rms_norm`, `fused_add_rms_norm`, `rotary_embedding`, `silu_and_mul`, `mla_decode_kvcache`),
-else plain torch. Times are the best of N interleaved repetitions (the machine is shared and noisy).
+into vLLM's layout; `rms_norm`, `fused_add_rms_norm`, `rotary_embedding`, `silu_and_mul`, `mla_decode_kvcache`,
+`fused_gumbel_argmax` for sampling), else plain torch. Times are the best of N interleaved repetitions (the machine
+is shared and noisy).
 
 Goals (issue 38): paged decode attention (batch 8, 1,024-token contexts, 32 query / 8 KV heads, head_dim 128, block
 128, float32 and bfloat16) within 1.5x of vLLM's CPU attention op, the mixed batch (512-token prefill + 2 decodes)
@@ -297,6 +298,21 @@ def bench_mla(repeats: int) -> list[dict]:
     return [entry("mla_decode_attention (8x1024)", torch.float32, t, "vllm torch.ops._C.mla_decode_kvcache")]
 
 
+def bench_sampling(repeats: int) -> list[dict]:
+    """Gumbel-max sampling of 4 rows at temperature 0.8 (Model Runner V2's sampler: counter-based noise of seed,
+    position and token) against what plain vLLM CPU samples such rows with: its sampler's temperature division,
+    then `fused_gumbel_argmax` (SplitMix64 noise per token)."""
+    rows = []
+    temp, seeds, positions = torch.full((4,), 0.8), torch.arange(4) + 123, torch.arange(4) + 50
+    for vocab in (32_000, 151_936):
+        logits = torch.randn(4, vocab)
+        t = best_ms({"ref": lambda logits=logits: ops.gumbel_sample(logits, temp, seeds, positions),
+                     "base": lambda logits=logits: torch.ops._C.fused_gumbel_argmax(logits / temp[:, None], seeds)},
+                    repeats)
+        rows.append(entry(f"gumbel_sample 4x{vocab}", torch.float32, t, "vllm torch.ops._C.fused_gumbel_argmax"))
+    return rows
+
+
 def bench_plain_torch(repeats: int) -> list[dict]:
     """Ops without a vLLM CPU kernel, against the plain torch formulation a user would write (or vLLM's own torch
     formulation, where it has one)."""
@@ -456,6 +472,7 @@ def main() -> int:
     mla_rows = bench_mla(args.repeats)
     rows += mla_rows
     rows += bench_layers(args.repeats)
+    rows += bench_sampling(args.repeats)
     rows += bench_plain_torch(args.repeats)
     validation = validation_overhead(args.repeats * 5)
     from ascend_kernels.reference import native_build

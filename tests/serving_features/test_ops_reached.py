@@ -29,6 +29,9 @@ def test_mrv2_knobs_ran_our_stand_ins(served):
     missing = [k for k in MRV2_STAND_INS if ran.get(f"mrv2_kernels.{k}", 0) == 0]
     assert not missing, (missing, sorted(ran))
     assert ran["kernels.top_k_top_p"] > 0 and ran["kernels.gumbel_sample"] > 0
+    # the sampled rows' noise on the reference's native Gumbel loop (greedy-only launches take the greedy loop)
+    native_before = served["mrv2"]["usage_before"]["reference_native"]["calls"]["gumbel_sample"]
+    assert served["mrv2"]["usage"]["reference_native"]["calls"]["gumbel_sample"] > native_before
     facts = served["mrv2"]["usage"]["facts"]
     assert facts["runner"] == "v2" and facts["triton"] == "interpreter"
 

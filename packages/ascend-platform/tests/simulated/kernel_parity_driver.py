@@ -443,14 +443,18 @@ def main() -> int:
     from ascend_platform.simulated.mrv2_kernels import host_batch
 
     ours = {name: globs[name](_gen(i)) for i, name in enumerate(CASES)}
-    with host_batch.disabled():  # the torch formulation, which the emulated NPU's tensors take, held to the same
+    from ascend_kernels.reference import native_build
+
+    # the torch formulation (host paths and the reference's native loops off), which the emulated NPU's tensors take,
+    # held to the same
+    with host_batch.disabled(), native_build.suspended():
         ours_torch = {name: globs[name](_gen(i)) for i, name in enumerate(CASES) if name in HOST_CASES}
     for i, name in enumerate(CASES):  # vLLM's kernel cannot run in the interpreter: hold ours to a naive version
         if name in failed:
             upstream[name] = globs["naive_" + name.removeprefix("case_")](_gen(i))
     ours.update({name: _block_tables(_gen(100 + i), sizes, True)
                  for i, (name, sizes) in enumerate(BLOCK_TABLE_CASES.items())})
-    with host_batch.disabled():
+    with host_batch.disabled(), native_build.suspended():
         ours_torch.update({name: _block_tables(_gen(100 + i), sizes, True)
                            for i, (name, sizes) in enumerate(BLOCK_TABLE_CASES.items())})
     from ascend_platform import usage
@@ -465,7 +469,7 @@ def main() -> int:
 
     library = {"interpreted": triton_interpreter.library_interpreted(), "ready": triton_interpreter.library_ready()}
     print(json.dumps({"report": report, "upstream_failed": failed, "usage": usage.snapshot()["counts"],
-                      "triton_library": library}))
+                      "native_calls": native_build.calls(), "triton_library": library}))
     return 0
 
 

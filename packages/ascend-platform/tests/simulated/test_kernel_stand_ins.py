@@ -54,6 +54,8 @@ def test_host_paths_and_torch_formulations_are_both_held_to_vllms_kernels(parity
     mismatch test above covers every report entry)."""
     for name in HOST_PATHS:
         assert parity["usage"].get(f"mrv2_kernels.host.{name}", 0) > 0, name
+    # sampled rows on the host: the reference's native Gumbel loop (the @torch cases run with it suspended)
+    assert parity["native_calls"]["gumbel_sample"] > 0, parity["native_calls"]
     torch_cases = {case for case in parity["report"] if case.endswith("@torch")}
     expected = {"prepare_pos_seq_lens@torch", "combine_tokens_with_drafts@torch", "num_sampled_and_rejected@torch",
                 "post_update@torch", "post_update_no_counts_no_qsl@torch", "gumbel_sample@torch",

@@ -5,7 +5,8 @@ mapped to a uniform u, then Gumbel noise -log(-log1p(-u)) in float32 (-log(-log 
 therefore do not depend on which other requests share its batch, and a seeded request repeats exactly. The 32-bit
 arithmetic runs in int64 tensors masked to 32 bits; products go through uint32 (whose multiplication wraps, as the
 hash wants). Only the token's own mixing and the finaliser touch `[rows, vocab]`: the seed and position are mixed per
-row (Python ints), and each token id's key scrambling is computed once per vocabulary size.
+row (Python ints), and each token id's key scrambling is computed once per vocabulary size. With float32 noise on
+the host, one native loop computes the same noise per token in registers (`native_gumbel`).
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ from __future__ import annotations
 import functools
 
 import torch
+
+from ascend_kernels.reference import native_gumbel
 
 _MASK32 = 0xFFFFFFFF
 _TINY_LOG_ARG = 5.960464477539063e-08  # 2**-24, vLLM's floor for log(1 - u)
@@ -112,6 +115,11 @@ def gumbel_sample(logits, temperature, seeds, positions, *, apply_temperature=Tr
     rows, vocab = logits.shape
     if rows == 0:
         return torch.empty(0, dtype=torch.long, device=logits.device)
+    if not fp64:
+        winners = native_gumbel.gumbel_sample(logits, temperature, seeds, positions,
+                                              lambda s, p: _row_state(s, p, 0), apply_temperature)
+        if winners is not None:
+            return winners
     scores = logits.float()
     temp = temperature.float()
     random_rows = temp != 0.0

@@ -13,6 +13,7 @@ formulation; `status()` says which and why (the usage report and the tests read 
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import hashlib
 import logging
@@ -22,6 +23,7 @@ import subprocess
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,9 +33,11 @@ logger = logging.getLogger(__name__)
 
 NATIVE_DIR = Path(__file__).with_name("native")
 SOURCES = (NATIVE_DIR / "layers.c", NATIVE_DIR / "attention.c", NATIVE_DIR / "attention_tiled.c",
-           NATIVE_DIR / "batch_prep.c", NATIVE_DIR / "mrv2_step.c", NATIVE_DIR / "mrv2_greedy.c")  # one library
+           NATIVE_DIR / "batch_prep.c", NATIVE_DIR / "mrv2_step.c", NATIVE_DIR / "mrv2_greedy.c",
+           NATIVE_DIR / "gumbel.c")  # one library
 # included by them: part of what names a build
-HEADERS = (NATIVE_DIR / "common.h", NATIVE_DIR / "layers_typed.h", NATIVE_DIR / "attention_typed.h")
+HEADERS = (NATIVE_DIR / "common.h", NATIVE_DIR / "layers_typed.h", NATIVE_DIR / "attention_typed.h",
+           NATIVE_DIR / "argmax.h")
 # -fno-trapping-math: without it GCC keeps nearbyintf a libm call (it may not drop the inexact flag), and every loop
 # through ak_exp_nonpositive (silu, the softmax rows) stays scalar. Values are unchanged: only FP exception flags,
 # which nothing here reads, may differ.
@@ -43,7 +47,7 @@ COMPILE_TIMEOUT_S = 180.0
 ENV_SWITCH = "ASCEND_VLLM_NATIVE_KERNELS"
 # The facade ops the loops take calls of.
 CALLED_OPS = ("rms_norm", "rotary_embedding", "silu_and_mul", "reshape_and_cache", "paged_attention",
-              "compute_slot_mapping")
+              "compute_slot_mapping", "gumbel_sample")
 
 _c_i64, _c_int, _c_float, _ptr = ctypes.c_int64, ctypes.c_int, ctypes.c_float, ctypes.c_void_p
 # Each exported function's C signature (layers.c), so ctypes converts arguments instead of guessing.
@@ -75,6 +79,7 @@ SIGNATURES: dict[str, tuple[type, list[type]]] = {
                                      _ptr, _c_int, _c_i64]),
     "ak_mrv2_gumbel_greedy": (_c_i64, [_ptr, _c_int, _c_i64, _c_i64, _c_i64, _ptr, _c_int, _ptr, _c_i64, _ptr, _c_i64,
                                        _ptr, _c_int, _c_i64, _c_i64]),
+    "ak_gumbel_sample": (_c_i64, [_ptr, _c_int, _c_i64, _c_i64, _c_i64, _ptr, _ptr, _c_int, _ptr, _c_int]),
     "ak_rotary": (_c_i64, [_ptr, _c_i64, _ptr, _c_int, _c_i64, _c_i64, _ptr, _c_i64, _c_i64, _c_i64, _ptr, _c_i64,
                            _c_i64, _c_i64, _c_int, _c_i64, _c_int, _c_int]),
 }
@@ -89,6 +94,7 @@ class NativeStatus:
 
 
 _LOCK = threading.Lock()
+_SUSPENDED = [False]
 _STATE: dict[str, object] = {}
 # Calls the loops took, per facade op, for this process's usage report (the torch formulation's are the rest).
 _CALLS: dict[str, int] = {}
@@ -180,7 +186,7 @@ def library() -> ctypes.CDLL | None:
     """The loaded library, or None (see `status()`); built or loaded on the first call of this process. None while
     torch.compile traces the caller: the loops take data pointers, which a trace's fake tensors do not have (and the
     trace must not reach this module's lock)."""
-    if torch.compiler.is_compiling():
+    if torch.compiler.is_compiling() or _SUSPENDED[-1]:
         return None
     lib = _STATE.get("lib", False)
     if lib is not False:
@@ -189,6 +195,17 @@ def library() -> ctypes.CDLL | None:
         if "lib" not in _STATE:
             _STATE["lib"], _STATE["status"] = _load()
         return _STATE["lib"]  # type: ignore[return-value]
+
+
+@contextlib.contextmanager
+def suspended() -> Iterator[None]:
+    """Every op inside takes its torch formulation (what an emulated NPU's tensors take), for tests that hold both
+    paths to one anchor. Not thread-safe: for a test's own thread."""
+    _SUSPENDED.append(True)
+    try:
+        yield
+    finally:
+        _SUSPENDED.pop()
 
 
 def status() -> NativeStatus:
