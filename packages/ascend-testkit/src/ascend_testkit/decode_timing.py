@@ -12,13 +12,14 @@ from typing import Any
 from ascend_testkit.models.tiny_llama import prompt_of_length
 
 
-def measure_decode(host: Any, max_tokens: int, num_prompts: int = 4, prompt_len: int = 8) -> dict:
-    """Run the three generations on `host` (an EngineHost already started) and return the figures."""
+def measure_decode(host: Any, max_tokens: int, num_prompts: int = 4, prompt_len: int = 8, **sampling: Any) -> dict:
+    """Run the three generations on `host` (an EngineHost already started) and return the figures; `sampling`
+    (e.g. temperature, seed) applies to all three (greedy without)."""
     prompts = [prompt_of_length(prompt_len, offset=13 * i) for i in range(num_prompts)]
-    host.generate(prompts, max_tokens=4, ignore_eos=True)
-    prefill_s = host.generate(prompts, max_tokens=1, ignore_eos=True)["seconds"]
+    host.generate(prompts, max_tokens=4, ignore_eos=True, **sampling)
+    prefill_s = host.generate(prompts, max_tokens=1, ignore_eos=True, **sampling)["seconds"]
     before = host.usage()[0] if host.lane == "simulated" else None
-    gen = host.generate(prompts, max_tokens=max_tokens, ignore_eos=True)
+    gen = host.generate(prompts, max_tokens=max_tokens, ignore_eos=True, **sampling)
     tokens = sum(len(o["token_ids"]) for o in gen["outputs"])
     decode_tokens = tokens - len(prompts)  # each prompt's first token comes from the prefill step
     result: dict = {"generate_s": gen["seconds"], "output_tokens": tokens,
