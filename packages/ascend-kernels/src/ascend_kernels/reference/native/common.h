@@ -14,16 +14,22 @@ enum { AK_F32 = 0, AK_BF16 = 1, AK_F16 = 2 };
 
 static inline size_t ak_size(int dt) { return dt == AK_F32 ? 4 : 2; }
 
-static inline float ak_bf16_to_f32(uint16_t b) {
-    uint32_t u = (uint32_t)b << 16;
+static inline float ak_f32_from_bits(uint32_t u) {
     float f;
     memcpy(&f, &u, 4);
     return f;
 }
 
-static inline uint16_t ak_f32_to_bf16(float f) {
+static inline uint32_t ak_bits_of_f32(float f) {
     uint32_t u;
     memcpy(&u, &f, 4);
+    return u;
+}
+
+static inline float ak_bf16_to_f32(uint16_t b) { return ak_f32_from_bits((uint32_t)b << 16); }
+
+static inline uint16_t ak_f32_to_bf16(float f) {
+    const uint32_t u = ak_bits_of_f32(f);
     uint32_t rounded = (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
     return (u & 0x7FFFFFFFu) > 0x7F800000u ? (uint16_t)0x7FC0 : (uint16_t)rounded; /* NaN as torch writes it */
 }

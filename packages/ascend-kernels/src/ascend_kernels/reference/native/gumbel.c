@@ -16,31 +16,18 @@
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
-#include <string.h>
 
 #include "argmax.h"
 #include "common.h"
 
 static inline uint32_t ak_rotl32(uint32_t x, int s) { return (x << s) | (x >> (32 - s)); }
 
-static inline float ak_bits_to_f32(uint32_t u) {
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-
-static inline uint32_t ak_f32_bits(float f) {
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    return u;
-}
-
 /* log(x) for a positive normal float (Cephes' logf): x = m 2^e with m in [sqrt(1/2), sqrt(2)), then
  * log(m) = f - f^2 / 2 + f^3 P(f) with f = m - 1, plus e log(2) in two parts. No branches: the loops vectorize. */
 static inline float ak_logf_pos(float x) {
-    const uint32_t bits = ak_f32_bits(x);
+    const uint32_t bits = ak_bits_of_f32(x);
     int32_t e = (int32_t)(bits >> 23) - 127;
-    float m = ak_bits_to_f32((bits & 0x007FFFFFu) | 0x3F800000u); /* [1, 2) */
+    float m = ak_f32_from_bits((bits & 0x007FFFFFu) | 0x3F800000u); /* [1, 2) */
     const int big = m > 1.41421356237309504880f;
     m = big ? m * 0.5f : m;
     e += big;
