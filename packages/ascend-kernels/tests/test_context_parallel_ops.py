@@ -203,3 +203,33 @@ def test_gather_kv_rows_selects_and_splits_the_packed_gather():
 def test_bad_arguments_are_named(call, message):
     with pytest.raises(ValueError, match=message):
         call()
+
+
+@pytest.mark.parametrize(("dtype", "tol"), [(torch.float32, 2e-5), (torch.bfloat16, 3e-2)])
+@pytest.mark.parametrize("causal", [False, True])
+def test_paged_attention_with_lse_on_the_native_loop_matches_float64(native_loops, dtype, tol, causal):
+    """Float32 / bf16 host tensors take the reference's tiled native loop (each row's log-sum-exp from its online
+    softmax): held to the naive float64 attention; a batch where a request has fewer cached keys than queries keeps
+    the torch formulation (the loop takes no such call), with the same result."""
+    from ascend_kernels.reference import native_build
+
+    contexts, q_lens = [33, 16, 70, 5], [4, 1, 7, 5]  # across block edges, one block, many blocks, all its keys
+    key_cache, value_cache, table, keys, vals = _paged(contexts, heads=4, kv_heads=2)
+    g = torch.Generator().manual_seed(11)
+    q = torch.randn(sum(q_lens), 4, 16, generator=g, dtype=F64)
+    qs, seq = _starts(q_lens), torch.tensor(contexts, dtype=torch.int32)
+    ref_out, ref_lse = naive(q.to(dtype), keys.to(dtype), vals.to(dtype), qs.tolist(), _starts(contexts).tolist(),
+                             0.2, causal)
+    before = native_build.calls_of("paged_attention")
+    out, lse = ops.paged_attention_with_lse(q.to(dtype), key_cache.to(dtype), value_cache.to(dtype), table, qs, seq,
+                                            scale=0.2, causal=causal)
+    assert native_build.calls_of("paged_attention") == before + 1
+    assert out.dtype == dtype and lse.dtype == torch.float32
+    torch.testing.assert_close(out.double(), ref_out, rtol=tol, atol=tol)
+    torch.testing.assert_close(lse.double(), ref_lse, rtol=tol, atol=tol)
+    short = torch.tensor([33, 16, 0, 5], dtype=torch.int32)  # request 2: no cached keys for its 7 queries
+    out2, lse2 = ops.paged_attention_with_lse(q.to(dtype), key_cache.to(dtype), value_cache.to(dtype), table, qs,
+                                              short, scale=0.2, causal=causal)
+    assert native_build.calls_of("paged_attention") == before + 1
+    assert out2[int(qs[2]):int(qs[3])].eq(0).all() and torch.isinf(lse2[int(qs[2]):int(qs[3])]).all()
+    torch.testing.assert_close(out2[: int(qs[2])], out[: int(qs[2])], rtol=tol, atol=tol)

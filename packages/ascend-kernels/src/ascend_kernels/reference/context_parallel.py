@@ -15,6 +15,8 @@ import itertools
 
 import torch
 
+from ascend_kernels.reference import native_attention
+
 
 def lse_dtype(dtype: torch.dtype) -> torch.dtype:
     """float32, or float64 for float64 inputs (the float64 tests hold the ops to 1e-12)."""
@@ -108,8 +110,32 @@ def _paged_rows(cache: torch.Tensor, block_table: torch.Tensor, lens: torch.Tens
     return cache[blocks, pos % bs]
 
 
+def _native_paged_with_lse(query, key_cache, value_cache, block_table, query_start_loc, seq_lens, scale, causal, out,
+                           query_start_loc_host, seq_lens_host):
+    """The tiled native loop's result (out, lse), or None when it does not take the call: it needs every request with
+    queries to have at least as many keys (a rank's chunk with fewer cached keys than queries keeps the torch
+    formulation, which skips or splits those)."""
+    if query.dtype == torch.float64 or query.device.type != "cpu":
+        return None
+    starts = query_start_loc_host if query_start_loc_host is not None else query_start_loc.tolist()
+    lens = seq_lens_host if seq_lens_host is not None else seq_lens.tolist()
+    if any(n < starts[r + 1] - starts[r] for r, n in enumerate(lens[:len(starts) - 1])):
+        return None
+    t, h, _ = query.shape
+    result = query.new_zeros(t, h, value_cache.shape[3]) if out is None else out.zero_()
+    lse = torch.full((t, h), float("-inf"), dtype=torch.float32)
+    if not native_attention.paged_tiled(query, key_cache, value_cache, block_table, list(starts), list(lens), scale,
+                                        causal, None, None, result, lse):
+        return None
+    return result, lse
+
+
 def paged_attention_with_lse(query, key_cache, value_cache, block_table, query_start_loc, seq_lens, *, scale,
                              causal=True, out=None, query_start_loc_host=None, seq_lens_host=None):
+    native = _native_paged_with_lse(query, key_cache, value_cache, block_table, query_start_loc, seq_lens, scale,
+                                    causal, out, query_start_loc_host, seq_lens_host)
+    if native is not None:
+        return native
     lens = seq_lens.long()
     starts = torch.zeros(lens.shape[0] + 1, dtype=torch.long, device=lens.device)
     torch.cumsum(lens, 0, out=starts[1:])

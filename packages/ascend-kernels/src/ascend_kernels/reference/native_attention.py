@@ -2,7 +2,7 @@
 
 - `paged_decode` (`native/attention.c`): every request one query token, the loop over each request's keys.
 - `paged_tiled` (`native/attention_tiled.c`): any batch (prefills, verify batches, mixed), query-row tiles against
-  key tiles with an online softmax.
+  key tiles with an online softmax; optionally each row's log-sum-exp (`context_parallel.paged_attention_with_lse`).
 
 Both return False (nothing written) and `attention.paged_attention`'s torch formulation runs when: no library
 (`native_build.status()` says why), an empty context, a table too narrow for a length, a device other than the host,
@@ -86,8 +86,9 @@ def paged_decode(query, key_cache, value_cache, block_table, seq_lens, starts: l
 
 
 def paged_tiled(query, key_cache, value_cache, block_table, starts: list[int], lens: list[int], scale, causal,
-                sliding_window, sinks, out) -> bool:
-    """`attention.paged_attention` for any batch by its host lists `starts` and `lens`, written into out."""
+                sliding_window, sinks, out, lse=None) -> bool:
+    """`attention.paged_attention` for any batch by its host lists `starts` and `lens`, written into out; with `lse`
+    (float32 `[tokens, heads]`, heads dense) each row's log-sum-exp of its scaled scores too."""
     lib = native_build.library()
     requests = block_table.shape[0]
     if lib is None or not lens or len(starts) != requests + 1 or len(lens) < requests or max(lens) < 1:
@@ -99,6 +100,8 @@ def paged_tiled(query, key_cache, value_cache, block_table, starts: list[int], l
     sink_logits = _sink_logits(sinks)
     if sink_logits is False:
         return False
+    if lse is not None and (not host_tensors(lse) or lse.dtype != torch.float32 or lse.stride(1) != 1):
+        return False
     _, bs, hkv, d = key_cache.shape
     host = torch.tensor([*starts, *lens[:requests]], dtype=torch.int64)
     window = 0 if sliding_window is None else int(sliding_window)
@@ -107,7 +110,7 @@ def paged_tiled(query, key_cache, value_cache, block_table, starts: list[int], l
         host.data_ptr(), host.data_ptr() + 8 * (requests + 1), requests, query.shape[1], hkv, d,
         value_cache.shape[3], bs, float(scale), int(bool(causal)), window,
         None if sink_logits is None else sink_logits.data_ptr(), out.data_ptr(), out.stride(0), out.stride(1),
-        torch.get_num_threads(),
+        None if lse is None else lse.data_ptr(), 0 if lse is None else lse.stride(0), torch.get_num_threads(),
     )
     if rc > 0:
         r = rc - 1

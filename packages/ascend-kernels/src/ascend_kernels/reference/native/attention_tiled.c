@@ -145,14 +145,16 @@ static void ak_online_softmax(float *st, int64_t rp, int64_t rows, int64_t kb, i
 /* out[t, h] for every query token t of every request: request r's tokens [starts[r], starts[r + 1]) sit at positions
  * lens[r] - q_len ... lens[r] - 1 and see keys j <= p (every j < lens[r] when not causal), j > p - window when
  * window > 0, of table row r; softmax(scale q . k (+ sink[h])) v in float32. starts / lens: the caller's host lists as
- * int64. Strides in elements as ak_paged_decode's. Returns 0, -1 when scratch could not be allocated, or 1 + the first
- * request whose length is below its query count or past its table row (then nothing is written). */
+ * int64. Strides in elements as ak_paged_decode's. With lse (float32, token stride lse_ts, heads dense; NULL for
+ * none) each row's log-sum-exp of its scaled scores too, as context parallelism merges partial results by it.
+ * Returns 0, -1 when scratch could not be allocated, or 1 + the first request whose length is below its query count
+ * or past its table row (then nothing is written). */
 int64_t ak_paged_tiled(const void *q, int64_t q_ts, int64_t q_hs, const void *kc, int64_t k_bs, int64_t k_ss,
                        int64_t k_hs, const void *vc, int64_t v_bs, int64_t v_ss, int64_t v_hs, int dt,
                        const void *table, int table_i64, int64_t t_rs, int64_t t_cols, int64_t num_blocks,
                        const int64_t *starts, const int64_t *lens, int64_t reqs, int64_t hq, int64_t hkv, int64_t d,
                        int64_t dv, int64_t block_size, float scale, int causal, int64_t window, const float *sinks,
-                       void *out, int64_t o_ts, int64_t o_hs, int threads) {
+                       void *out, int64_t o_ts, int64_t o_hs, float *lse, int64_t lse_ts, int threads) {
     const int64_t g = hq / hkv;
     const int64_t tq = AK_TILE_ROWS / g > 0 ? AK_TILE_ROWS / g : 1; /* query tokens a tile */
     int64_t tiles = 0;
@@ -247,6 +249,7 @@ int64_t ak_paged_tiled(const void *q, int64_t q_ts, int64_t q_hs, const void *kc
                 for (int64_t c = 0; c < dv; c++) a[c] *= inv;
                 ak_store((char *)out + (size_t)((starts[r] + t0 + i / g) * o_ts + (h0 + i % g) * o_hs) * esize, dt,
                          a, dv);
+                if (lse != NULL) lse[(starts[r] + t0 + i / g) * lse_ts + h0 + i % g] = m[i] + logf(l[i]);
             }
         }
         free(buf);
