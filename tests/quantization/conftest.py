@@ -38,11 +38,10 @@ MIXED_TYPES = (
 
 @pytest.fixture(scope="session")
 def quant_models(cache_root) -> dict[str, str]:
+    from ascend_testkit.models.quantized import DYNAMIC_CONDITIONING as COND
     from ascend_testkit.models.quantized import QuantizedSpec, cached_quantized_llama
 
     folder = cache_root / "models"
-    from ascend_testkit.models.quantized import DYNAMIC_CONDITIONING as COND
-
     specs = {"ct_static": QuantizedSpec(fmt="compressed-tensors", activations="static"),
              "ct_dynamic": QuantizedSpec(fmt="compressed-tensors", activations="dynamic", conditioning=COND),
              "ms_static": QuantizedSpec(fmt="modelslim", activations="static"),

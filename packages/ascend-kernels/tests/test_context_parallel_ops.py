@@ -233,3 +233,17 @@ def test_paged_attention_with_lse_on_the_native_loop_matches_float64(native_loop
     assert native_build.calls_of("paged_attention") == before + 1
     assert out2[int(qs[2]):int(qs[3])].eq(0).all() and torch.isinf(lse2[int(qs[2]):int(qs[3])]).all()
     torch.testing.assert_close(out2[: int(qs[2])], out[: int(qs[2])], rtol=tol, atol=tol)
+
+
+def test_the_tiled_loop_refuses_an_lse_it_would_write_past(native_loops):
+    from ascend_kernels.reference import native_attention
+
+    contexts = [20, 9]  # 3 and 2 queries: starts [0, 3, 5]
+    key_cache, value_cache, table, _, _ = _paged(contexts, heads=4, kv_heads=2)
+    q = torch.randn(5, 4, 16)
+    out = torch.zeros(5, 4, 16)
+    args = (q, key_cache.float(), value_cache.float(), table, [0, 3, 5], contexts, 0.2, False, None, None, out)
+    for bad in (torch.zeros(5, 2), torch.zeros(4, 4), torch.zeros(20), torch.zeros(5, 4, dtype=torch.float64)):
+        assert not native_attention.paged_tiled(*args, bad)
+    good = torch.full((5, 4), float("-inf"))
+    assert native_attention.paged_tiled(*args, good) and torch.isfinite(good).all()

@@ -84,6 +84,9 @@ def test_what_the_loop_leaves_to_torch(native_loops):
     assert native_gumbel.gumbel_sample(logits.t().contiguous().t(), temperature, seeds, positions, state,
                                        True) is None  # a row not dense
     assert native_gumbel.gumbel_sample(logits[:, :0], temperature, seeds, positions, state, True) is None
+    # not one temperature / seed / position a row: the loop would read past them
+    assert native_gumbel.gumbel_sample(logits, temperature[:1], seeds, positions, state, True) is None
+    assert native_gumbel.gumbel_sample(logits, temperature, seeds[:1], positions[:1], state, True) is None
     before = native_build.calls_of("gumbel_sample")
     ref_gumbel.gumbel_sample(logits, temperature, seeds, positions, fp64=True)  # float64 noise: torch
     assert native_build.calls_of("gumbel_sample") == before

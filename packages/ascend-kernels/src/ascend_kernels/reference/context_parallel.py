@@ -6,7 +6,9 @@ step (paged) and this step's keys all-gathered from every rank (contiguous rows)
 keeping every query row's log-sum-exp, and the parts are merged: out = sum_j exp(lse_j - lse) * out_j with
 lse = log sum_j exp(lse_j). On the CPU each part runs torch's fused flash attention, which returns the log-sum-exp
 itself; a chunk that continues a context is split the same way (keys before the chunk, all visible; the chunk's own
-keys, causal) and merged, so no [queries, keys] mask is ever built.
+keys, causal) and merged, so no [queries, keys] mask is ever built. The paged part on float32 / bf16 / f16 host
+tensors runs the tiled native loop instead, which keeps each row's log-sum-exp (`native_attention.paged_tiled`),
+where every request has at least as many keys as queries.
 """
 
 from __future__ import annotations

@@ -6,7 +6,8 @@ therefore do not depend on which other requests share its batch, and a seeded re
 arithmetic runs in int64 tensors masked to 32 bits; products go through uint32 (whose multiplication wraps, as the
 hash wants). Only the token's own mixing and the finaliser touch `[rows, vocab]`: the seed and position are mixed per
 row (Python ints), and each token id's key scrambling is computed once per vocabulary size. With float32 noise on
-the host, one native loop computes the same noise per token in registers (`native_gumbel`).
+the host, one native loop computes the noise per token in registers (`native_gumbel`): the same operations, except
+that its two logarithms may differ from torch's in the last bit.
 """
 
 from __future__ import annotations

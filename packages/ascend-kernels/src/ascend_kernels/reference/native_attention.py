@@ -100,7 +100,8 @@ def paged_tiled(query, key_cache, value_cache, block_table, starts: list[int], l
     sink_logits = _sink_logits(sinks)
     if sink_logits is False:
         return False
-    if lse is not None and (not host_tensors(lse) or lse.dtype != torch.float32 or lse.stride(1) != 1):
+    if lse is not None and (not host_tensors(lse) or lse.dtype != torch.float32 or lse.dim() != 2
+                            or lse.shape[0] < starts[-1] or lse.shape[1] != query.shape[1] or lse.stride(1) != 1):
         return False
     _, bs, hkv, d = key_cache.shape
     host = torch.tensor([*starts, *lens[:requests]], dtype=torch.int64)

@@ -186,9 +186,13 @@ def _load() -> tuple[ctypes.CDLL | None, NativeStatus]:
 def library() -> ctypes.CDLL | None:
     """The loaded library, or None (see `status()`); built or loaded on the first call of this process. None while
     torch.compile traces the caller: the loops take data pointers, which a trace's fake tensors do not have (and the
-    trace must not reach this module's lock)."""
+    trace must not reach this module's lock); None inside `suspended()`."""
     if torch.compiler.is_compiling() or _SUSPENDED[-1]:
         return None
+    return _loaded()
+
+
+def _loaded() -> ctypes.CDLL | None:
     lib = _STATE.get("lib", False)
     if lib is not False:
         return lib  # type: ignore[return-value]
@@ -201,7 +205,7 @@ def library() -> ctypes.CDLL | None:
 @contextlib.contextmanager
 def suspended() -> Iterator[None]:
     """Every op inside takes its torch formulation (what an emulated NPU's tensors take), for tests that hold both
-    paths to one anchor. Not thread-safe: for a test's own thread."""
+    paths to one anchor. Process-wide while it lasts (every thread's calls), so for tests only."""
     _SUSPENDED.append(True)
     try:
         yield
@@ -210,7 +214,8 @@ def suspended() -> Iterator[None]:
 
 
 def status() -> NativeStatus:
-    library()
+    if not torch.compiler.is_compiling():
+        _loaded()
     return _STATE["status"]  # type: ignore[return-value]
 
 

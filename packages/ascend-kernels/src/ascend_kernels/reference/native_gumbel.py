@@ -1,9 +1,10 @@
 """Gumbel-max sampling (`reference.gumbel.gumbel_sample`, float32 noise) on a native loop (`native/gumbel.c`).
 
 `gumbel_sample` returns the winners `[rows]` int64, or None when it does not take the call and the torch formulation
-runs: no library, a tensor off the host, float64 noise (`fp64`), an unexpected dtype or layout, or a trace under
-torch.compile. Each row's seed and position are mixed here (`reference.gumbel._row_state`, Python ints for a few
-rows), each token's noise in the loop; see the C file for what may differ from torch in the last bit.
+runs: no library, a tensor off the host, float64 noise (`fp64`), an unexpected dtype or layout, a temperature, seed
+or position that is not one entry a row, or a trace under torch.compile. Each row's seed and position are mixed here
+(`reference.gumbel._row_state`, Python ints for a few rows), each token's noise in the loop; see the C file for what
+may differ from torch in the last bit.
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ def gumbel_sample(logits: torch.Tensor, temperature: torch.Tensor, seeds: torch.
         return None
     if not all(type(t) is torch.Tensor and t.is_cpu for t in (logits, temperature, seeds, positions)):
         return None
+    if any(t.dim() != 1 or t.shape[0] != rows for t in (temperature, seeds, positions)):
+        return None  # one entry a row: the loop reads temperature[r] and row r's state
     temp = temperature.float().contiguous()
     state = row_state(seeds, positions).view(-1).to(torch.int32)  # the 32-bit states, as int32 bits
     winners = torch.empty(rows, dtype=torch.int64)

@@ -8,7 +8,9 @@ transformers' Llama in float64 with each quantized linear computing exactly what
 - the weight: its int8 values times its per-channel scale, in float64;
 - the input: quantized as the checkpoint's activation scheme does, then dequantized: dynamic per-token symmetric
   (`scale = max|row| / 127`, `q = round(x / scale)`), or static per-tensor with its zero point
-  (`q = clamp(round(x / scale) + zero_point)`, `x = (q - zero_point) * scale`);
+  (`q = clamp(round(x / scale + zero_point))`, `x = (q - zero_point) * scale`, as compressed-tensors and vLLM's CPU
+  kernel round), each module with its own scale (vLLM merges fused siblings' static scales, q/k/v and gate/up;
+  this quantizer calibrates siblings on one input, so they are equal);
 - the product in float64, which holds the int32 sum of the integer products exactly.
 What it leaves out is the engines' bfloat16 (activations rounded before they are quantized, outputs rounded after):
 the comparison's logprob tolerance covers that, as for the other float64 anchors. Greedy, recomputing the whole

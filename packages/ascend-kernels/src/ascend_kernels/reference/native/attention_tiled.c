@@ -146,7 +146,8 @@ static void ak_online_softmax(float *st, int64_t rp, int64_t rows, int64_t kb, i
  * lens[r] - q_len ... lens[r] - 1 and see keys j <= p (every j < lens[r] when not causal), j > p - window when
  * window > 0, of table row r; softmax(scale q . k (+ sink[h])) v in float32. starts / lens: the caller's host lists as
  * int64. Strides in elements as ak_paged_decode's. With lse (float32, token stride lse_ts, heads dense; NULL for
- * none) each row's log-sum-exp of its scaled scores too, as context parallelism merges partial results by it.
+ * none) each row's log-sum-exp of its scaled scores too (the sink's term included when there is one), as context
+ * parallelism merges partial results by it.
  * Returns 0, -1 when scratch could not be allocated, or 1 + the first request whose length is below its query count
  * or past its table row (then nothing is written). */
 int64_t ak_paged_tiled(const void *q, int64_t q_ts, int64_t q_hs, const void *kc, int64_t k_bs, int64_t k_ss,

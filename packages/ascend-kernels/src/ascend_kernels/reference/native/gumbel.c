@@ -1,7 +1,7 @@
 /* Gumbel-max sampling with counter-based noise (reference/gumbel.py's float32 formulation) as one loop per row.
  *
  * The torch formulation builds ~40 [rows, vocab] temporaries (the 32-bit hash in int64 tensors, the series, two
- * logs): 4 rows of a 151,936-token vocabulary cost ~27 ms a step on the host, the step's whole budget. Here each
+ * logs): 4 rows of a 151,936-token vocabulary cost ~24-27 ms a step on the host, the step's whole budget. Here each
  * token's noise is computed in registers: the same murmur3-style hash of (the row's mixed seed and position, the
  * token id), the same uniform u and the same float32 operations in the same order (this file is built without
  * contracting a * b + c into one rounding, as torch rounds each op), except the two logarithms, which are a
