@@ -32,6 +32,7 @@ def test_mrv2_knobs_ran_our_stand_ins(served):
     # the sampled rows' noise on the reference's native Gumbel loop (greedy-only launches take the greedy loop)
     native_before = served["mrv2"]["usage_before"]["reference_native"]["calls"]["gumbel_sample"]
     assert served["mrv2"]["usage"]["reference_native"]["calls"]["gumbel_sample"] > native_before
+    assert ran.get("mrv2_kernels.host.temperature", 0) > 0, sorted(ran)  # tempered rows divided on the host path
     facts = served["mrv2"]["usage"]["facts"]
     assert facts["runner"] == "v2" and facts["triton"] == "interpreter"
 

@@ -405,7 +405,7 @@ CASES = [name for name in list(globals()) if name.startswith("case_")]
 # The stand-ins with a host (numpy) path, `mrv2_kernels.host_batch`: each case also runs with it off.
 HOST_CASES = {name for name in CASES
               if name.startswith(("case_prepare_pos", "case_combine", "case_num_sampled", "case_post_update",
-                                  "case_gumbel"))}
+                                  "case_gumbel", "case_temperature"))}
 BLOCK_TABLE_CASES = {"block_tables_one_group": [32], "block_tables_two_groups": [16, 32]}
 
 

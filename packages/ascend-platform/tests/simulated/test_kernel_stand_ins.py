@@ -45,7 +45,7 @@ def test_every_stand_in_matches_vllms_kernel(parity):
 
 
 HOST_PATHS = ("prepare_pos_seq_lens", "combine_sampled_and_draft_tokens", "get_num_sampled_and_rejected", "post_update",
-              "gumbel_sample", "gumbel_greedy", "gather_block_tables")
+              "gumbel_sample", "gumbel_greedy", "gather_block_tables", "temperature")
 
 
 def test_host_paths_and_torch_formulations_are_both_held_to_vllms_kernels(parity):
@@ -58,7 +58,7 @@ def test_host_paths_and_torch_formulations_are_both_held_to_vllms_kernels(parity
     assert parity["native_calls"]["gumbel_sample"] > 0, parity["native_calls"]
     torch_cases = {case for case in parity["report"] if case.endswith("@torch")}
     expected = {"prepare_pos_seq_lens@torch", "combine_tokens_with_drafts@torch", "num_sampled_and_rejected@torch",
-                "post_update@torch", "post_update_no_counts_no_qsl@torch", "gumbel_sample@torch",
+                "post_update@torch", "post_update_no_counts_no_qsl@torch", "gumbel_sample@torch", "temperature@torch",
                 "gumbel_sample_greedy@torch", "gumbel_sample_fp64@torch", "block_tables_one_group@torch",
                 "block_tables_two_groups@torch"}
     assert expected <= torch_cases, torch_cases

@@ -103,6 +103,21 @@ def gumbel_rows(expanded_idx_mapping_ptr, temp_ptr, seeds_ptr, pos_ptr,
     return torch.from_numpy(temperature), torch.from_numpy(seeds), torch.from_numpy(positions)
 
 
+def temperature_rows(logits: torch.Tensor, expanded_idx_mapping_ptr, temperature_ptr) -> bool:
+    """float32 `logits` rows divided in place by their request's temperature (0 and 1 leave a row alone), as numpy
+    float32 divisions (torch's, bit for bit); False (nothing written) for other logits dtypes or devices."""
+    if logits.dtype != torch.float32 or temperature_ptr.dtype != torch.float32:
+        return False
+    if not on_host("temperature", logits, expanded_idx_mapping_ptr, temperature_ptr):
+        return False
+    temp = _v(temperature_ptr)[_v(expanded_idx_mapping_ptr)]
+    rows = np.nonzero((temp != 0.0) & (temp != 1.0))[0]
+    if rows.shape[0]:
+        view = logits.numpy()
+        view[rows] = view[rows] / temp[rows, None]
+    return True
+
+
 def write_gumbel_winners(local_argmax_ptr, local_max_ptr, sampled: torch.Tensor) -> None:
     """The whole row's winner into block column 0 (the launcher's per-block reduction then picks it)."""
     local_argmax_ptr.numpy()[:, 0] = sampled.numpy()

@@ -70,6 +70,8 @@ def ranks(output_ptr, logits_ptr, logits_stride, token_ids_ptr, vocab_size, BLOC
 def temperature(logits_ptr, logits_stride, expanded_idx_mapping_ptr, temperature_ptr, vocab_size, BLOCK_SIZE=None,
                 **_launch):
     """`_temperature_kernel`: divide rows by their temperature (0 and 1 leave the row alone)."""
+    if host_batch.temperature_rows(logits_ptr[:, :vocab_size], expanded_idx_mapping_ptr, temperature_ptr):
+        return
     temp = flat(temperature_ptr)[expanded_idx_mapping_ptr.long()].float()
     rows = ((temp != 0.0) & (temp != 1.0)).nonzero().view(-1)
     if rows.numel():
