@@ -114,7 +114,8 @@ def temperature_rows(logits: torch.Tensor, expanded_idx_mapping_ptr, temperature
     rows = np.nonzero((temp != 0.0) & (temp != 1.0))[0]
     if rows.shape[0]:
         view = logits.numpy()
-        view[rows] = view[rows] / temp[rows, None]
+        with np.errstate(all="ignore"):  # inf / NaN as torch gives them, without numpy's warnings in the engine log
+            view[rows] = view[rows] / temp[rows, None]
     return True
 
 
