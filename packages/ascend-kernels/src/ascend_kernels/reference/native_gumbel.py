@@ -13,8 +13,7 @@ import torch
 
 from ascend_kernels.reference import native_build
 from ascend_kernels.reference.native_layers import DTYPE_CODES
-
-_MAX_VOCAB = 2**31 - 64  # token ids in uint32 lanes, the argmax's ids in int32 lanes
+from ascend_kernels.reference.native_mrv2_greedy import MAX_VOCAB
 
 
 def gumbel_sample(logits: torch.Tensor, temperature: torch.Tensor, seeds: torch.Tensor, positions: torch.Tensor,
@@ -26,7 +25,7 @@ def gumbel_sample(logits: torch.Tensor, temperature: torch.Tensor, seeds: torch.
     if lib is None or torch.compiler.is_compiling():
         return None
     rows, vocab = logits.shape
-    if vocab == 0 or vocab > _MAX_VOCAB or logits.dtype not in DTYPE_CODES or logits.stride(1) != 1:
+    if vocab == 0 or vocab > MAX_VOCAB or logits.dtype not in DTYPE_CODES or logits.stride(1) != 1:
         return None
     if not all(type(t) is torch.Tensor and t.is_cpu for t in (logits, temperature, seeds, positions)):
         return None

@@ -18,7 +18,7 @@ from ascend_kernels.reference.native_layers import DTYPE_CODES
 
 _INDEX = (torch.int32, torch.int64)
 _MAX = (torch.float32, torch.float64)
-_MAX_VOCAB = 2**31 - 64  # the loop's lanes count token ids in int32
+MAX_VOCAB = 2**31 - 64  # argmax.h's lanes count token ids in int32 (the Gumbel loop's too)
 
 
 def _host(t: torch.Tensor) -> bool:
@@ -33,7 +33,7 @@ def gumbel_greedy(logits: torch.Tensor, expanded_idx_mapping: torch.Tensor, temp
     if lib is None or torch.compiler.is_compiling():
         return False
     rows, vocab = logits.shape
-    if vocab > _MAX_VOCAB:
+    if vocab > MAX_VOCAB:
         return False
     if not (_host(logits) and _host(expanded_idx_mapping) and _host(temperature) and _host(local_argmax)
             and _host(local_max)):
