@@ -33,7 +33,9 @@ def _cache(max_pos, rot, dtype):
 
 
 # (head_size, rotary_dim, q heads, k heads, key as [tokens, heads, head] with a padded head stride)
-ROTARY_LAYOUTS = [(64, 64, 4, 2, False), (64, 32, 4, 1, True), (128, 128, 8, 8, True), (80, 64, 3, 1, False)]
+# (40, 40): 20 pairs a head, one vector step of sixteen and a scalar tail on AVX2 hosts
+ROTARY_LAYOUTS = [(64, 64, 4, 2, False), (64, 32, 4, 1, True), (128, 128, 8, 8, True), (80, 64, 3, 1, False),
+                  (40, 40, 3, 1, False)]
 
 
 @pytest.mark.parametrize(("head_size", "rot", "hq", "hk", "padded_key"), ROTARY_LAYOUTS)
@@ -75,7 +77,8 @@ def test_rotary_loops_equal_the_torch_formulation(monkeypatch, head_size, rot, h
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("shape", [(1, 8), (5, 3, 96), (300, 1024)])  # a 3-d batch; 300 rows: the threaded region
+@pytest.mark.parametrize("shape", [(1, 8), (5, 3, 96), (300, 1024), (3, 100)])  # a 3-d batch; 300 rows: threads;
+# 100: vector steps of sixteen and a scalar tail
 @pytest.mark.parametrize("with_residual", [False, True])
 def test_rms_norm_loops_equal_the_torch_formulation(monkeypatch, dtype, shape, with_residual):
     gen = torch.Generator().manual_seed(shape[-1])
@@ -91,6 +94,46 @@ def test_rms_norm_loops_equal_the_torch_formulation(monkeypatch, dtype, shape, w
     for a, b in zip(got if with_residual else (got,), expected if with_residual else (expected,), strict=True):
         assert a.shape == b.shape and a.dtype == b.dtype
         torch.testing.assert_close(a, b, **tol)
+
+
+def _same_bits_or_both_nan(got: torch.Tensor, expected: torch.Tensor) -> bool:
+    nan = expected.isnan()
+    same = got.contiguous().view(torch.int16) == expected.contiguous().view(torch.int16)
+    return bool(torch.equal(got.isnan(), nan) and same[~nan].all())
+
+
+def test_bfloat16_stores_round_ties_to_even_and_write_nan_as_torch(monkeypatch):
+    """The bfloat16 stores (a vector path on AVX2 hosts) against torch's rounding bit for bit: ties to even,
+    infinities kept, NaN where torch has NaN (its bits differ by path: 0x7FC0 scalar, 0xFFFF vectorized). A rotation
+    by cos 1, sin 2^-8 of pairs (1, b) gives 1 - b / 256: ties for odd b."""
+    half = 32
+    cache = torch.cat([torch.ones(1, half), torch.full((1, half), 2.0**-8)], -1).to(torch.bfloat16)
+    b = torch.tensor([-1.0, -3.0, 1.0, 3.0, -5.0, float("nan"), float("inf"), -7.0] * 4)
+    query = torch.cat([torch.ones(2, half), b.expand(2, half)], -1).to(torch.bfloat16)  # [2 tokens, one head]
+    key = query.clone()
+    positions = torch.zeros(2, dtype=torch.long)
+
+    def run(q, k):
+        ops.rotary_embedding(positions, q, k, cache, head_size=2 * half, rotary_dim=2 * half, is_neox=True)
+        return q, k
+
+    expected_q, _ = _torch_formulation(monkeypatch, lambda: run(query.clone(), key.clone()))
+    assert expected_q[0, 1].item() == 1.0 + 2.0**-6  # 1 + 3/256, a tie: to even (truncation gives 1 + 2^-7)
+    assert expected_q[0, 5].isnan() and expected_q[0, half + 6].isinf()
+    run(query, key)
+    for got in (query, key):
+        assert _same_bits_or_both_nan(got, expected_q)
+
+    x = torch.randn(3, 48).to(torch.bfloat16)
+    x[1, 20] = float("nan")  # a NaN in row 1: its sum (NaN), its norm all NaN
+    residual = torch.randn(3, 48).to(torch.bfloat16)
+    weight = torch.randn(48).to(torch.bfloat16)
+    for res in (None, residual):
+        expected = _torch_formulation(monkeypatch, lambda res=res: ops.rms_norm(x, weight, 1e-5, res))
+        got = ops.rms_norm(x, weight, 1e-5, res)
+        for a, e in zip(got if res is not None else (got,), expected if res is not None else (expected,),
+                        strict=True):
+            assert e[1].isnan().any() and _same_bits_or_both_nan(a, e)
 
 
 def test_rms_norm_strided_rows_and_a_float32_weight():

@@ -37,7 +37,7 @@ SOURCES = (NATIVE_DIR / "layers.c", NATIVE_DIR / "attention.c", NATIVE_DIR / "at
            NATIVE_DIR / "gumbel.c")  # one library
 # included by them: part of what names a build
 HEADERS = (NATIVE_DIR / "common.h", NATIVE_DIR / "layers_typed.h", NATIVE_DIR / "attention_typed.h",
-           NATIVE_DIR / "argmax.h")
+           NATIVE_DIR / "argmax.h", NATIVE_DIR / "bf16_avx2.h")
 # -fno-trapping-math: without it GCC keeps nearbyintf a libm call (it may not drop the inexact flag), and every loop
 # through ak_exp_nonpositive (silu, the softmax rows) stays scalar. Values are unchanged: only FP exception flags,
 # which nothing here reads, may differ.

@@ -50,6 +50,81 @@ static inline const char *ak_row(const void *base, int dt, int64_t row, int64_t 
 #undef AK_GET
 #undef AK_PUT
 
+#if defined(__AVX2__)
+#include "bf16_avx2.h"
+
+/* ak_rms_row_bf16 sixteen elements a step (bf16_avx2.h says why); the same results but for the order of the sum of
+ * squares. */
+static void ak_rms_row_bf16_avx2(const uint16_t *x, const uint16_t *res, const float *wf, uint16_t *out,
+                                 uint16_t *h_out, int64_t n, float eps) {
+    const int64_t body = n - n % 16;
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    for (int64_t i = 0; i < body; i += 16) {
+        __m256 a0 = ak_v8_from_bf16(x + i), a1 = ak_v8_from_bf16(x + i + 8);
+        if (res != NULL) {
+            a0 = _mm256_add_ps(a0, ak_v8_from_bf16(res + i));
+            a1 = _mm256_add_ps(a1, ak_v8_from_bf16(res + i + 8));
+            ak_v16_store_bf16(h_out + i, ak_v8_round_bf16(a0), ak_v8_round_bf16(a1));
+        }
+        acc0 = _mm256_add_ps(acc0, _mm256_mul_ps(a0, a0));
+        acc1 = _mm256_add_ps(acc1, _mm256_mul_ps(a1, a1));
+    }
+    float ss = ak_v8_sum(_mm256_add_ps(acc0, acc1));
+    for (int64_t i = body; i < n; i++) {
+        const float a = res == NULL ? ak_bf16_to_f32(x[i]) : ak_bf16_to_f32(x[i]) + ak_bf16_to_f32(res[i]);
+        if (res != NULL) h_out[i] = ak_f32_to_bf16(a);
+        ss += a * a;
+    }
+    const float inv = 1.0f / sqrtf(ss / (float)n + eps);
+    const __m256 vinv = _mm256_set1_ps(inv);
+    for (int64_t i = 0; i < body; i += 16) {
+        __m256 a0 = ak_v8_from_bf16(x + i), a1 = ak_v8_from_bf16(x + i + 8);
+        if (res != NULL) {
+            a0 = _mm256_add_ps(a0, ak_v8_from_bf16(res + i));
+            a1 = _mm256_add_ps(a1, ak_v8_from_bf16(res + i + 8));
+        }
+        a0 = _mm256_mul_ps(_mm256_mul_ps(a0, vinv), _mm256_loadu_ps(wf + i));
+        a1 = _mm256_mul_ps(_mm256_mul_ps(a1, vinv), _mm256_loadu_ps(wf + i + 8));
+        ak_v16_store_bf16(out + i, ak_v8_round_bf16(a0), ak_v8_round_bf16(a1));
+    }
+    for (int64_t i = body; i < n; i++) {
+        const float a = res == NULL ? ak_bf16_to_f32(x[i]) : ak_bf16_to_f32(x[i]) + ak_bf16_to_f32(res[i]);
+        out[i] = ak_f32_to_bf16(a * inv * wf[i]);
+    }
+}
+
+/* ak_rope_head_bf16's neox rotation sixteen pairs a step; GPT-J's interleaved pairs keep the scalar loop. */
+static void ak_rope_head_bf16_avx2(uint16_t *head, const float *cs, const float *sn, int64_t half, int neox) {
+    if (!neox || half < 16) {
+        ak_rope_head_bf16(head, cs, sn, half, neox);
+        return;
+    }
+    uint16_t *second = head + half; /* half >= 16: a step's reads of one half never meet its writes of the other */
+    const int64_t body = half - half % 16;
+    for (int64_t i = 0; i < body; i += 16) {
+        __m256i x[2], y[2];
+        for (int j = 0; j < 2; j++) {
+            const __m256 a = ak_v8_from_bf16(head + i + 8 * j), b = ak_v8_from_bf16(second + i + 8 * j);
+            const __m256 c = _mm256_loadu_ps(cs + i + 8 * j), s = _mm256_loadu_ps(sn + i + 8 * j);
+            x[j] = ak_v8_round_bf16(_mm256_sub_ps(_mm256_mul_ps(a, c), _mm256_mul_ps(b, s)));
+            y[j] = ak_v8_round_bf16(_mm256_add_ps(_mm256_mul_ps(b, c), _mm256_mul_ps(a, s)));
+        }
+        ak_v16_store_bf16(head + i, x[0], x[1]);
+        ak_v16_store_bf16(second + i, y[0], y[1]);
+    }
+    for (int64_t i = body; i < half; i++) {
+        const float a = ak_bf16_to_f32(head[i]), b = ak_bf16_to_f32(second[i]);
+        head[i] = ak_f32_to_bf16(a * cs[i] - b * sn[i]);
+        second[i] = ak_f32_to_bf16(b * cs[i] + a * sn[i]);
+    }
+}
+#define AK_RMS_ROW_BF16 ak_rms_row_bf16_avx2
+#define AK_ROPE_HEAD_BF16 ak_rope_head_bf16_avx2
+#else
+#define AK_RMS_ROW_BF16 ak_rms_row_bf16
+#define AK_ROPE_HEAD_BF16 ak_rope_head_bf16
+#endif
+
 /* out[r] = h[r] * rsqrt(mean(h[r]^2) + eps) * w, h = x (+ residual, also written to h_out); x, residual, out and
  * h_out of dtype x_dt, the weight of w_dt. Strides are in elements; rows of n contiguous elements. res / h_out are
  * NULL without a residual. */
@@ -71,7 +146,7 @@ int ak_rms_norm(const void *x, int64_t x_rs, int x_dt, const void *res, int64_t 
         if (x_dt == AK_F32)
             ak_rms_row_f32(xr, rr, wr, o, ho, n, eps);
         else if (x_dt == AK_BF16)
-            ak_rms_row_bf16(xr, rr, wr, o, ho, n, eps);
+            AK_RMS_ROW_BF16(xr, rr, wr, o, ho, n, eps);
         else
             ak_rms_row_f16(xr, rr, wr, o, ho, n, eps);
     }
@@ -117,7 +192,7 @@ int64_t ak_rotary(const int64_t *pos, int64_t tokens, const void *cache, int c_d
                 if (x_dt == AK_F32)
                     ak_rope_head_f32((float *)head, cs, sn, half, neox);
                 else if (x_dt == AK_BF16)
-                    ak_rope_head_bf16((uint16_t *)head, cs, sn, half, neox);
+                    AK_ROPE_HEAD_BF16((uint16_t *)head, cs, sn, half, neox);
                 else
                     ak_rope_head_f16((_Float16 *)head, cs, sn, half, neox);
             }
