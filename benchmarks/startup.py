@@ -6,11 +6,13 @@ process), on the same tiny offline Llama, with the same VLLM_CPU_KVCACHE_SPACE, 
 binding (`--cpus`) and prompts, in the same run.
 
 Start-up: every round starts each engine afresh (rounds alternate the order); the median is reported.
-Decode: the engines of the last start-up round stay up, and `--decode-rounds` rounds then interleave them (plain,
-ours, MRV2, ... with the order alternating), each round timing `--max-tokens` decode tokens for each of 4 prompts.
-A ratio is taken within a round (the two engines ran seconds apart, on the same machine state), and the median
-ratio over the rounds is reported with its spread (min, max, and the half-range relative to the median), so one
-busy second on a shared host moves one round, not the figure.
+Decode: each start-up round's engines stay up for `--decode-rounds` rounds that interleave them (plain, ours, MRV2,
+... with the order alternating), each round timing `--max-tokens` decode tokens for each of 4 prompts; then they
+stop and the next start-up round's engines take over. A ratio is taken within a round (the two engines ran seconds
+apart, on the same machine state), and the median ratio over all rounds of all start-up rounds is reported with its
+spread (min, max, and the half-range relative to the median): one busy second on a shared host moves one round, and
+one engine process that happens to run slow (its heap, its pages; 10-20 % between runs of one tree here when only the
+last round's engines were timed) moves a third of the rounds, not the figure.
 
 Prints ONE JSON object as the last line of stdout (logs go to stderr):
   startup_ratio        = ours (V1) / plain start-up seconds (LLM() construction); goal <= 1.2
@@ -27,7 +29,7 @@ Prints ONE JSON object as the last line of stdout (logs go to stderr):
 plus the raw figures and where the time goes (vLLM's own init/weight-loading log lines; our kernels' share of the
 generate time, from the worker's usage counters).
 
-    uv run --no-sync python benchmarks/startup.py [--rounds 3] [--decode-rounds 7] [--max-tokens 256]
+    uv run --no-sync python benchmarks/startup.py [--rounds 3] [--decode-rounds 3] [--max-tokens 256]
                                                   [--cpus CPUS] [--no-mrv2] [--no-mla]
 """
 
@@ -107,8 +109,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3, help="start-up rounds, each engine started afresh "
                         "(median taken; one round's start-up ratio swung 1.11-1.37 over three runs here)")
-    parser.add_argument("--decode-rounds", type=int, default=7, help="interleaved decode rounds over the engines "
-                        "of the last start-up round (median ratio taken)")
+    parser.add_argument("--decode-rounds", type=int, default=3, help="interleaved decode rounds over each start-up "
+                        "round's engines (the median ratio is taken over rounds x decode-rounds)")
     parser.add_argument("--max-tokens", type=int, default=256, help="decode tokens per prompt per round (4 prompts "
                         f"of {PROMPT_LEN} tokens; max_model_len is {ENGINE['max_model_len']})")
     parser.add_argument("--cpus", default=str(min(os.sched_getaffinity(0))),
@@ -134,36 +136,33 @@ def main() -> int:
     decodes: dict[str, list[dict]] = {n: [] for n in names}
     sampled_names = [n for n in SAMPLED_ENGINES if n in names]
     sampled: dict[str, list[dict]] = {n: [] for n in sampled_names}
-    with tempfile.TemporaryDirectory(prefix="ascend-startup-") as tmp, contextlib.ExitStack() as last_round:
+    with tempfile.TemporaryDirectory(prefix="ascend-startup-") as tmp:
         for key, model in models.items():
             if model is not None:
                 log(f"warming vLLM's model-info cache for {key} ...")
                 warm_model_infos(model, EXTRA["plain_mla"] if key == "mla" else {}, Path(tmp), args.cpus)
-        hosts: dict[str, object] = {}
         for i in range(args.rounds):
             order = names if i % 2 == 0 else list(reversed(names))  # alternate who runs on a colder machine
-            for name in order:
-                log(f"start-up round {i + 1}/{args.rounds}: {name} ...")
-                model = models["mla" if name in MLA_ENGINES else "llama"]
-                keep = i == args.rounds - 1  # the last round's engines stay up for the decode rounds
-                with contextlib.ExitStack() as this_start:
-                    host, figures = start_engine(last_round if keep else this_start, name, model, Path(tmp), i,
-                                                 args.cpus)
+            with contextlib.ExitStack() as this_round:
+                hosts: dict[str, object] = {}
+                for name in order:
+                    log(f"start-up round {i + 1}/{args.rounds}: {name} ...")
+                    model = models["mla" if name in MLA_ENGINES else "llama"]
+                    host, figures = start_engine(this_round, name, model, Path(tmp), i, args.cpus)
                     starts[name].append(figures | log_figures(host))
-                    if keep:
-                        hosts[name] = host
-        for r in range(args.decode_rounds):
-            order = names if r % 2 == 0 else list(reversed(names))
-            for name in order:
-                decodes[name].append(measure_decode(hosts[name], args.max_tokens, prompt_len=PROMPT_LEN))
-                if name in sampled:
-                    sampled[name].append(measure_decode(hosts[name], args.max_tokens, prompt_len=PROMPT_LEN,
-                                                        **SAMPLED))
-            log(f"decode round {r + 1}/{args.decode_rounds}: "
-                + ", ".join(f"{n} {decodes[n][-1]['decode_tok_s']:.0f} tok/s" for n in names)
-                + "".join(f", {n} sampled {sampled[n][-1]['decode_tok_s']:.0f} tok/s" for n in sampled_names))
-        for host in hosts.values():
-            host.stop()
+                    hosts[name] = host
+                for r in range(args.decode_rounds):
+                    d_order = names if r % 2 == i % 2 else list(reversed(names))
+                    for name in d_order:
+                        decodes[name].append(measure_decode(hosts[name], args.max_tokens, prompt_len=PROMPT_LEN))
+                        if name in sampled:
+                            sampled[name].append(measure_decode(hosts[name], args.max_tokens, prompt_len=PROMPT_LEN,
+                                                                **SAMPLED))
+                    log(f"decode round {r + 1}/{args.decode_rounds} of start-up round {i + 1}: "
+                        + ", ".join(f"{n} {decodes[n][-1]['decode_tok_s']:.0f} tok/s" for n in names)
+                        + "".join(f", {n} sampled {sampled[n][-1]['decode_tok_s']:.0f} tok/s" for n in sampled_names))
+                for host in hosts.values():
+                    host.stop()
 
     start = {n: statistics.median(s["startup_s"] for s in starts[n]) for n in names}
     dec = {n: statistics.median(d["decode_tok_s"] for d in decodes[n]) for n in names}
