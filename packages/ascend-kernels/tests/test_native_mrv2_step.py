@@ -131,6 +131,34 @@ def test_a_request_past_the_state_is_named_and_nothing_is_written(native_loops):
     assert not pos.any() and not seq_lens.any()
 
 
+@pytest.mark.parametrize("dt", DTYPES)
+@pytest.mark.parametrize("num_reqs", [0, 3, 6])
+def test_gather_block_table_copies_each_requests_blocks_and_zeroes_the_padding(native_loops, dt, num_reqs):
+    """Written from vLLM's `_gather_block_tables_kernel`: row r takes src[idx[r], :num_blocks[idx[r]]], the rest of
+    the row stays as it was; rows [num_reqs, padded) become 0; rows past padded stay."""
+    g = torch.Generator().manual_seed(num_reqs)
+    src = torch.randint(1, 999, (8, 5), generator=g).to(dt)
+    counts = torch.tensor([0, 5, 2, 9, 1, 3, 4, 5], dtype=torch.int32)  # 9: more than a row holds (clamped)
+    idx = torch.randperm(8, generator=g)[:num_reqs].to(torch.int32)
+    dst = torch.full((8, 5), -7, dtype=dt)
+    want = dst.clone()
+    for r in range(num_reqs):
+        n = min(int(counts[idx[r]]), 5)
+        want[r, :n] = src[idx[r], :n]
+    want[num_reqs:7] = 0
+    assert native_mrv2_step.gather_block_table(src, counts, idx, dst, 7)
+    assert torch.equal(dst, want)
+
+
+def test_gather_block_table_names_a_request_past_the_table_and_writes_nothing(native_loops):
+    src, dst = torch.ones(4, 3, dtype=torch.int32), torch.full((4, 3), -7, dtype=torch.int32)
+    with pytest.raises(IndexError, match="batch row 1"):
+        native_mrv2_step.gather_block_table(src, torch.ones(4, dtype=torch.int32), torch.tensor([0, 4]), dst, 3)
+    assert (dst == -7).all()
+    assert not native_mrv2_step.gather_block_table(src, torch.ones(4, dtype=torch.int32), torch.tensor([0]),
+                                                   torch.zeros(4, 2, dtype=torch.int32), 2)  # another width
+
+
 def test_a_history_that_would_overflow_is_refused(native_loops):
     idx = torch.tensor([0], dtype=torch.int64)
     total = torch.tensor([15], dtype=torch.int32)  # 15 of 16 history entries used: two more do not fit

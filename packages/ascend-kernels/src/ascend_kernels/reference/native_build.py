@@ -78,6 +78,8 @@ SIGNATURES: dict[str, tuple[type, list[type]]] = {
     "ak_mrv2_post_update": (_c_i64, [_ptr, _c_int, _ptr, _c_int, _ptr, _c_int, _c_i64, _ptr, _c_int, _c_i64, _ptr,
                                      _c_int, _c_i64, _ptr, _c_int, _ptr, _c_int, _ptr, _c_int, _ptr, _c_int, _c_i64,
                                      _ptr, _c_int, _c_i64]),
+    "ak_mrv2_gather_block_table": (_c_i64, [_ptr, _c_int, _c_i64, _ptr, _c_int, _c_i64, _ptr, _c_int, _c_i64, _ptr,
+                                            _c_int, _c_i64, _c_i64, _c_i64]),
     "ak_mrv2_gumbel_greedy": (_c_i64, [_ptr, _c_int, _c_i64, _c_i64, _c_i64, _ptr, _c_int, _ptr, _c_i64, _ptr, _c_i64,
                                        _ptr, _c_int, _c_i64, _c_i64]),
     "ak_gumbel_sample": (_c_i64, [_ptr, _c_int, _c_i64, _c_i64, _c_i64, _ptr, _ptr, _c_int, _ptr, _c_int]),

@@ -106,3 +106,21 @@ def post_update(idx_mapping, num_computed_tokens, last_sampled_tokens, output_bi
     rc = lib.ak_mrv2_post_update(ix, ix64, c, c64, ls, ls64, n_state, bc, bc64, output_bin_counts_stride, s, s64,
                                  width, ns, ns64, rj, rj64, q, q64, h, h64, all_token_ids_stride, tl, tl64, nr)
     return _done("post_update", rc, f"{nr} requests, {n_state} request slots")
+
+
+def gather_block_table(src, counts, idx_mapping, dst, num_reqs_padded: int) -> bool:
+    """One KV cache group's block table rows of the batch's requests (`src[idx_mapping]`) into its input table
+    `dst`, entries past a request's block count (`counts[req]`) left as they were, rows up to num_reqs_padded
+    zeroed; vLLM's `_gather_block_tables_kernel`'s work for that group."""
+    lib = native_build.library()
+    if lib is None or src.dim() != 2 or dst.dim() != 2 or src.shape[1] != dst.shape[1]:
+        return False
+    found = _arrays(src, counts, idx_mapping, dst)
+    if not found:
+        return False
+    (s, s64, _), (c, c64, n_c), (ix, ix64, nr), (d, d64, _) = found
+    if nr > num_reqs_padded or num_reqs_padded > dst.shape[0]:
+        return False
+    rc = lib.ak_mrv2_gather_block_table(s, s64, src.shape[0], c, c64, n_c, ix, ix64, nr, d, d64, dst.shape[0],
+                                        src.shape[1], num_reqs_padded)
+    return _done("gather_block_tables", rc, f"{nr} requests, {src.shape[0]} table rows, {n_c} block counts")

@@ -127,3 +127,24 @@ int64_t ak_mrv2_post_update(const void *idx, int idx_i64, void *computed, int c_
     }
     return 0;
 }
+
+/* vLLM's `_gather_block_tables_kernel` (vllm/v1/worker/gpu/block_table.py) for one KV cache group: dst row r takes
+ * the first counts[idx[r]] entries of src row idx[r] (at most width; the rest of the row as it was), and rows
+ * [nr, padded) are zeroed. Tables are dense rows of `width` entries. */
+int64_t ak_mrv2_gather_block_table(const void *src, int s_i64, int64_t s_rows, const void *counts, int c_i64,
+                                   int64_t n_counts, const void *idx, int idx_i64, int64_t nr, void *dst, int d_i64,
+                                   int64_t d_rows, int64_t width, int64_t padded) {
+    if (padded > d_rows || nr > padded) return -1;
+    for (int64_t r = 0; r < nr; r++) {
+        const int64_t req = ak_index(idx, idx_i64, r);
+        if (req < 0 || req >= s_rows || req >= n_counts) return 1 + r;
+    }
+    for (int64_t r = 0; r < nr; r++) {
+        const int64_t req = ak_index(idx, idx_i64, r), count = ak_index(counts, c_i64, req);
+        const int64_t n = count < 0 ? 0 : (count > width ? width : count);
+        for (int64_t j = 0; j < n; j++) ak_set(dst, d_i64, r * width + j, ak_index(src, s_i64, req * width + j));
+    }
+    for (int64_t r = nr; r < padded; r++)
+        for (int64_t j = 0; j < width; j++) ak_set(dst, d_i64, r * width + j, 0);
+    return 0;
+}

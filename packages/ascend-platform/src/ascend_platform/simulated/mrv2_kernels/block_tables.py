@@ -35,13 +35,12 @@ class SimulatedBlockTables(BlockTables):
         if self.num_kv_cache_groups == 0:
             return ()
         dst_tables = tuple(self.input_block_tables) if out is None else out
-        num_reqs = idx_mapping.shape[0]
-        reqs = idx_mapping.long()
         usage.count("mrv2_kernels.gather_block_tables")
         sources = [src.gpu for src in self.block_tables]
-        if host_batch.on_host("gather_block_tables", idx_mapping, self.num_blocks.gpu, *sources, *dst_tables):
-            host_batch.gather_block_tables(sources, self.num_blocks.gpu, idx_mapping, dst_tables, num_reqs_padded)
+        if host_batch.gather_block_tables(sources, self.num_blocks.gpu, idx_mapping, dst_tables, num_reqs_padded):
             return tuple(t[:num_reqs_padded] for t in dst_tables)
+        num_reqs = idx_mapping.shape[0]
+        reqs = idx_mapping.long()
         for group, (src, dst) in enumerate(zip(self.block_tables, dst_tables, strict=True)):
             if num_reqs:
                 rows = src.gpu[reqs]

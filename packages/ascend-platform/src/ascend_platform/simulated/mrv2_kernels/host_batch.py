@@ -6,8 +6,9 @@ the op count: the torch formulation is 10-25 eager ops a launch at ~3-5 us each 
 an MRV2 engine of the tiny Llama, 4 decodes). `batch.py`'s four kernels run on `ascend_kernels`' native loops
 (`native_mrv2_step`, one C call each: ~170 us a step as numpy over the four, ~50 us as C calls); a sampling
 launch whose rows are all greedy on one native call too (`native_mrv2_greedy`: the stand-in ~110 -> ~25 us a
-step); the gumbel bookkeeping of launches that sample and the block-table gather on numpy views (~0.5-1 us an op;
-`numpy()` views share the tensors' memory, so writes land in them). The torch formulation stays for every other
+step); the block-table gather on one native call a KV cache group (as numpy it was ~2 % of that decode step);
+the gumbel bookkeeping of launches that sample on numpy views (~0.5-1 us an op; `numpy()` views share the tensors'
+memory, so writes land in them). The torch formulation stays for every other
 device (the emulated NPU's tensors) and for a host without the native library, and is held to vLLM's kernels as
 these are (`tests/simulated/kernel_parity_driver.py` runs both).
 """
@@ -127,15 +128,14 @@ def write_gumbel_winners(local_argmax_ptr, local_max_ptr, sampled: torch.Tensor)
     best[:, 1:] = -np.inf
 
 
-def gather_block_tables(sources, num_blocks, idx_mapping, destinations, num_reqs_padded: int) -> None:
-    """Each KV cache group's block table rows of the batch's requests into its input table, entries past a
-    request's block count left as they were, rows up to num_reqs_padded zeroed."""
-    reqs = idx_mapping.numpy().astype(np.int64)
-    counts = num_blocks.numpy()
+def gather_block_tables(sources, num_blocks, idx_mapping, destinations, num_reqs_padded: int) -> bool:
+    """Each KV cache group's block table rows of the batch's requests into its input table on `ascend_kernels`'
+    native loop (`native_mrv2_step.gather_block_table`, one call a group), entries past a request's block count left
+    as they were, rows up to num_reqs_padded zeroed; False when the host path is off or the loop does not take a
+    group. The gather is idempotent, so the caller's torch formulation may then redo the groups already done."""
+    if not _ENABLED[-1]:
+        return False
     for group, (src, dst) in enumerate(zip(sources, destinations, strict=True)):
-        out = dst.numpy()
-        if reqs.shape[0]:
-            rows = src.numpy()[reqs]
-            filled = np.arange(rows.shape[1]) < counts[group, reqs][:, None]
-            out[: reqs.shape[0]] = np.where(filled, rows, out[: reqs.shape[0]])
-        out[reqs.shape[0] : num_reqs_padded] = 0
+        if not native_mrv2_step.gather_block_table(src, num_blocks[group], idx_mapping, dst, num_reqs_padded):
+            return False
+    return _taken("gather_block_tables", True)
