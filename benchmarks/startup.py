@@ -12,7 +12,9 @@ stop and the next start-up round's engines take over. A ratio is taken within a 
 apart, on the same machine state), and the median ratio over all rounds of all start-up rounds is reported with its
 spread (min, max, and the half-range relative to the median): one busy second on a shared host moves one round, and
 one engine process that happens to run slow (its heap, its pages; 10-20 % between runs of one tree here when only the
-last round's engines were timed) moves a third of the rounds, not the figure.
+last round's engines were timed) moves only its own start-up round's rounds, not the figure. Each start-up is timed
+beside the engines its round already started (idle), as the decode rounds run beside all of them; each decode figure
+records its `startup_round`.
 
 Prints ONE JSON object as the last line of stdout (logs go to stderr):
   startup_ratio        = ours (V1) / plain start-up seconds (LLM() construction); goal <= 1.2
@@ -154,10 +156,11 @@ def main() -> int:
                 for r in range(args.decode_rounds):
                     d_order = names if r % 2 == i % 2 else list(reversed(names))
                     for name in d_order:
-                        decodes[name].append(measure_decode(hosts[name], args.max_tokens, prompt_len=PROMPT_LEN))
+                        decodes[name].append(measure_decode(hosts[name], args.max_tokens, prompt_len=PROMPT_LEN)
+                                             | {"startup_round": i})
                         if name in sampled:
                             sampled[name].append(measure_decode(hosts[name], args.max_tokens, prompt_len=PROMPT_LEN,
-                                                                **SAMPLED))
+                                                                **SAMPLED) | {"startup_round": i})
                     log(f"decode round {r + 1}/{args.decode_rounds} of start-up round {i + 1}: "
                         + ", ".join(f"{n} {decodes[n][-1]['decode_tok_s']:.0f} tok/s" for n in names)
                         + "".join(f", {n} sampled {sampled[n][-1]['decode_tok_s']:.0f} tok/s" for n in sampled_names))

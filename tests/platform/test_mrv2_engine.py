@@ -49,8 +49,8 @@ def test_mrv2_ran_our_allocator_backend_kernels_and_stand_ins(platform_runs):
                # MRV2's per-step Triton kernels, answered by our stand-ins instead of the interpreter
                "mrv2_kernels.prepare_pos_seq_lens", "mrv2_kernels.prepare_prefill_inputs", "mrv2_kernels.post_update",
                "mrv2_kernels.gumbel_sample", "mrv2_kernels.topk_log_softmax", "mrv2_kernels.gather_block_tables",
-               # the per-step ones on their host paths (the first four counted only when the native loop took the
-               # launch, the others numpy): the simulated lane's tensors are CPU tensors
+               # the per-step ones on their host paths (the first four and the gather counted only when the native
+               # loop took the launch, gumbel_sample's bookkeeping numpy): the simulated lane's tensors are CPU tensors
                "mrv2_kernels.host.prepare_pos_seq_lens", "mrv2_kernels.host.combine_sampled_and_draft_tokens",
                "mrv2_kernels.host.get_num_sampled_and_rejected", "mrv2_kernels.host.post_update",
                "mrv2_kernels.host.gumbel_sample", "mrv2_kernels.host.gather_block_tables",

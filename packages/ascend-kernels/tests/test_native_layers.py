@@ -105,7 +105,7 @@ def _same_bits_or_both_nan(got: torch.Tensor, expected: torch.Tensor) -> bool:
 def test_bfloat16_stores_round_ties_to_even_and_write_nan_as_torch(monkeypatch):
     """The bfloat16 stores (a vector path on AVX2 hosts) against torch's rounding bit for bit: ties to even,
     infinities kept, NaN where torch has NaN (its bits differ by path: 0x7FC0 scalar, 0xFFFF vectorized). A rotation
-    by cos 1, sin 2^-8 of pairs (1, b) gives 1 - b / 256: ties for odd b."""
+    by cos 1, sin 2^-8 of pairs (1, b) gives 1 - b / 256: ties for negative odd b."""
     half = 32
     cache = torch.cat([torch.ones(1, half), torch.full((1, half), 2.0**-8)], -1).to(torch.bfloat16)
     b = torch.tensor([-1.0, -3.0, 1.0, 3.0, -5.0, float("nan"), float("inf"), -7.0] * 4)
@@ -124,16 +124,20 @@ def test_bfloat16_stores_round_ties_to_even_and_write_nan_as_torch(monkeypatch):
     for got in (query, key):
         assert _same_bits_or_both_nan(got, expected_q)
 
-    x = torch.randn(3, 48).to(torch.bfloat16)
+    gen = torch.Generator().manual_seed(48)
+    x = torch.randn(3, 48, generator=gen).to(torch.bfloat16)
     x[1, 20] = float("nan")  # a NaN in row 1: its sum (NaN), its norm all NaN
-    residual = torch.randn(3, 48).to(torch.bfloat16)
-    weight = torch.randn(48).to(torch.bfloat16)
+    residual = torch.randn(3, 48, generator=gen).to(torch.bfloat16)
+    weight = torch.randn(48, generator=gen).to(torch.bfloat16)
     for res in (None, residual):
         expected = _torch_formulation(monkeypatch, lambda res=res: ops.rms_norm(x, weight, 1e-5, res))
         got = ops.rms_norm(x, weight, 1e-5, res)
-        for a, e in zip(got if res is not None else (got,), expected if res is not None else (expected,),
-                        strict=True):
-            assert e[1].isnan().any() and _same_bits_or_both_nan(a, e)
+        out, want = (got[0], expected[0]) if res is not None else (got, expected)
+        assert want[1].isnan().all() and out[1].isnan().all()
+        # the other rows' scale comes from a sum in another order: one bfloat16 rounding may differ
+        torch.testing.assert_close(out[[0, 2]], want[[0, 2]], rtol=1e-2, atol=1e-2)
+        if res is not None:  # h = x + residual: one float32 sum, one rounding on both paths
+            assert _same_bits_or_both_nan(got[1], expected[1]) and expected[1][1].isnan().any()
 
 
 def test_rms_norm_strided_rows_and_a_float32_weight():

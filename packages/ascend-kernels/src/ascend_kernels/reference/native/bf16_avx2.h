@@ -11,6 +11,11 @@
 #include <immintrin.h>
 #include <stdint.h>
 
+/* For the functions built on these: torch's float32 arithmetic is a multiply, then an add, each rounded; GCC would
+ * fuse intrinsics' multiplies and adds (-ffp-contract=fast), and not alike in a function's vector body and its
+ * scalar tail. */
+#define AK_UNFUSED __attribute__((optimize("fp-contract=off")))
+
 /* eight bfloat16 values as float32 */
 static inline __m256 ak_v8_from_bf16(const uint16_t *p) {
     const __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p));

@@ -55,8 +55,8 @@ static inline const char *ak_row(const void *base, int dt, int64_t row, int64_t 
 
 /* ak_rms_row_bf16 sixteen elements a step (bf16_avx2.h says why); the same results but for the order of the sum of
  * squares. */
-static void ak_rms_row_bf16_avx2(const uint16_t *x, const uint16_t *res, const float *wf, uint16_t *out,
-                                 uint16_t *h_out, int64_t n, float eps) {
+AK_UNFUSED static void ak_rms_row_bf16_avx2(const uint16_t *x, const uint16_t *res, const float *wf, uint16_t *out,
+                                            uint16_t *h_out, int64_t n, float eps) {
     const int64_t body = n - n % 16;
     __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
     for (int64_t i = 0; i < body; i += 16) {
@@ -93,8 +93,10 @@ static void ak_rms_row_bf16_avx2(const uint16_t *x, const uint16_t *res, const f
     }
 }
 
-/* ak_rope_head_bf16's neox rotation sixteen pairs a step; GPT-J's interleaved pairs keep the scalar loop. */
-static void ak_rope_head_bf16_avx2(uint16_t *head, const float *cs, const float *sn, int64_t half, int neox) {
+/* ak_rope_head_bf16's neox rotation sixteen pairs a step; GPT-J's interleaved pairs keep the scalar loop (which, as
+ * every loop of layers_typed.h, GCC may fuse: exact alike for a bfloat16 cache, whose products are exact). */
+AK_UNFUSED static void ak_rope_head_bf16_avx2(uint16_t *head, const float *cs, const float *sn, int64_t half,
+                                              int neox) {
     if (!neox || half < 16) {
         ak_rope_head_bf16(head, cs, sn, half, neox);
         return;

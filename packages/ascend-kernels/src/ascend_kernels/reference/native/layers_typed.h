@@ -7,6 +7,7 @@
 
 /* h = x (+ res, written to h_out), then out = h * rsqrt(mean(h^2) + eps) * w. The second pass recomputes h from the
  * inputs (the same float32 sum) rather than keeping it: no scratch row, and the inputs are still in cache. */
+__attribute__((unused)) /* bfloat16's: replaced by an AVX2 version where there is one */
 static void AK_NAME(ak_rms_row)(const AK_T *x, const AK_T *res, const float *wf, AK_T *out, AK_T *h_out, int64_t n,
                                 float eps) {
     float ss = 0.0f;
