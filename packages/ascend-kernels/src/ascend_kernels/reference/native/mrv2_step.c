@@ -1,12 +1,13 @@
 /* Model Runner V2's per-step batch bookkeeping (vLLM's `_prepare_pos_seq_lens_kernel`,
  * `_combine_sampled_and_draft_tokens_kernel`, `_get_num_sampled_and_rejected_kernel` and `_post_update_kernel` in
  * vllm/v1/worker/gpu/input_batch.py, and block_table.py's `_gather_block_tables_kernel` one KV cache group a call)
- * as loops over host memory, for the simulated lane's stand-ins of those Triton kernels. A step launches them on a handful of requests: the work is a few dozen integers and a Python
- * formulation's cost is its op count (~170 us a step over the four, measured on the tiny Llama's decode), this one
- * call each. Every integer array comes as (pointer, is int64, length); each function checks every index it will
- * follow before it writes anything, and returns 0, or 1 + the batch row whose request or tokens reach past an array
- * (-1: query_start_loc / cu_num_logits not non-decreasing within their output; the gather: a padded row count past
- * its table, which its Python wrapper refuses first). Built with layers.c (native_build). */
+ * as loops over host memory, for the simulated lane's stand-ins of those Triton kernels. A step launches them on a
+ * handful of requests: the work is a few dozen integers and a Python formulation's cost is its op count (~170 us a
+ * step over the four, measured on the tiny Llama's decode), this one call each. Every integer array comes as
+ * (pointer, is int64, length); each function checks every index it will follow before it writes anything, and
+ * returns 0, or 1 + the batch row whose request or tokens reach past an array (-1: query_start_loc / cu_num_logits
+ * not non-decreasing within their output; the gather: a padded row count past its table, which its Python wrapper
+ * refuses first). Built with layers.c (native_build). */
 #include <stdint.h>
 
 #include "common.h"

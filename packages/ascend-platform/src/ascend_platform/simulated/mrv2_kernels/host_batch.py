@@ -1,16 +1,16 @@
 """The per-step batch stand-ins (`batch.py`, `sampling.gumbel_sample`'s bookkeeping and the simulated block tables'
 gather) on host memory, taken when every tensor of a launch is a CPU tensor (the simulated lane on the CPU).
 
-Each step launches six of these on a handful of requests, where the work is a few dozen integers and the cost is
-the op count: the torch formulation is 10-25 eager ops a launch at ~3-5 us each (300 us a step over five of them in
-an MRV2 engine of the tiny Llama, 4 decodes). `batch.py`'s four kernels run on `ascend_kernels`' native loops
-(`native_mrv2_step`, one C call each: ~170 us a step as numpy over the four, ~50 us as C calls); a sampling
-launch whose rows are all greedy on one native call too (`native_mrv2_greedy`: the stand-in ~110 -> ~25 us a
-step); the block-table gather on one native call a KV cache group (as numpy it was ~2 % of that decode step);
-the gumbel bookkeeping of launches that sample on numpy views (~0.5-1 us an op; `numpy()` views share the tensors'
-memory, so writes land in them). The torch formulation stays for every other
-device (the emulated NPU's tensors) and for a host without the native library, and is held to vLLM's kernels as
-these are (`tests/simulated/kernel_parity_driver.py` runs both).
+Each step launches six of these on a handful of requests, where the work is a few dozen integers and the cost is the
+op count: the torch formulation is 10-25 eager ops a launch at ~3-5 us each (300 us a step over five of them in an
+MRV2 engine of the tiny Llama, 4 decodes). `batch.py`'s four kernels run on `ascend_kernels`' native loops
+(`native_mrv2_step`, one C call each: ~170 us a step as numpy over the four, ~50 us as C calls); a sampling launch
+whose rows are all greedy on one native call too (`native_mrv2_greedy`: the stand-in ~110 -> ~25 us a step); the
+block-table gather on one native call a KV cache group (as numpy it was ~2 % of that decode step); the gumbel
+bookkeeping of launches that sample on numpy views (~0.5-1 us an op; `numpy()` views share the tensors' memory, so
+writes land in them). The torch formulation stays for every other device (the emulated NPU's tensors) and for a host
+without the native library, and is held to vLLM's kernels as these are (`tests/simulated/kernel_parity_driver.py` runs
+both).
 """
 
 from __future__ import annotations
